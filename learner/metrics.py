@@ -1,0 +1,88 @@
+"""Run-directory outputs: ``metrics.jsonl``, the console progress line, ``reward.png``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+#: Window of the rolling mean reward shown on the console and used by the demo's summary.
+ROLLING_WINDOW = 5
+
+
+def rolling_mean(values: list[float], window: int = ROLLING_WINDOW) -> list[float]:
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1) : i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+class MetricsWriter:
+    def __init__(self, run_dir: Path, resume: bool = False):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.rows: list[dict[str, Any]] = read_metrics(self.path) if resume and self.path.exists() else []
+        if not resume:
+            self.path.write_text("")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, allow_nan=False, default=_jsonable) + "\n")
+
+    def rewards(self) -> list[float]:
+        return [r["reward_mean"] for r in self.rows]
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return str(x)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def progress_line(row: dict[str, Any], steps: int, rolling: float) -> str:
+    nodes = " ".join(f"{p[-6:]}:{n}" for p, n in sorted(row.get("nodes", {}).items()))
+    return (
+        f"step {row['step']:>3}/{steps} v{row['policy_version']:<3} reward {row['reward_mean']:.3f} "
+        f"(rolling{ROLLING_WINDOW} {rolling:.3f}) samples {row['samples']:>3} "
+        f"gen {row['gen_wait_s']:5.1f}s train {row['train_s']:5.1f}s clip {row.get('clip_frac', 0):.2f} "
+        f"t={row['wall_s']:6.0f}s nodes {nodes}"
+    )
+
+
+def first_reaching(rows: list[dict[str, Any]], threshold: float, window: int = ROLLING_WINDOW) -> dict[str, Any] | None:
+    """The first step whose rolling mean reward reaches ``threshold`` (with its wall time and samples)."""
+    rolled = rolling_mean([r["reward_mean"] for r in rows], window)
+    total = 0
+    for row, value in zip(rows, rolled):
+        total += row["samples"]
+        if value >= threshold:
+            return {"step": row["step"], "wall_s": row["wall_s"], "samples": total, "rolling": value}
+    return None
+
+
+def plot_rewards(rows: list[dict[str, Any]], out: Path, title: str = "reward") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    rewards = [r["reward_mean"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, rewards, "o-", alpha=0.5, label="mean reward per step")
+    ax.plot(steps, rolling_mean(rewards), "-", lw=2, label=f"rolling mean ({ROLLING_WINDOW} steps)")
+    ax.set_xlabel("learner step")
+    ax.set_ylabel("reward")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

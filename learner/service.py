@@ -1,0 +1,193 @@
+"""The learner's network face: join, work leases, rollout pushes and adapter fetches.
+
+A thin layer between the libp2p host and the pure :class:`~learner.coordinator.Coordinator`.
+Nodes must say hello before anything else; a stranger's work request or push is refused
+with a logged reason and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import trio
+
+from learner.coordinator import Coordinator
+from swarm.proto import ADAPTER, HELLO, ROLLOUTS, WORK
+from swarm.proto.adapter import AdapterReply, AdapterRequest
+from swarm.proto.hello import Hello, HelloAck
+from swarm.proto.rollouts import RolloutAck, RolloutPush
+from swarm.proto.work import Lease, PromptGroup, Sampling, WorkReply, WorkRequest
+
+log = logging.getLogger("echo_swarm.learner")
+
+#: How many published adapter versions are kept for nodes that are a little behind.
+KEEP_ADAPTER_VERSIONS = 4
+
+
+class Refused(Exception):
+    """A request the learner will not serve (the peer receives the message)."""
+
+
+@dataclass
+class NodeInfo:
+    peer_id: str
+    hello: Hello
+    joined_at: float
+    last_seen: float
+    groups_pushed: int = 0
+    completions_pushed: int = 0
+    rejected_groups: int = 0
+    gen_tokens: int = 0
+    gen_s: float = 0.0
+
+
+@dataclass
+class SamplingDefaults:
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int
+
+
+@dataclass
+class LearnerService:
+    coordinator: Coordinator
+    sampling: SamplingDefaults
+    group_size: int
+    run_id: str
+    model_name: str
+    long_poll_s: float
+    nodes: dict[str, NodeInfo] = field(default_factory=dict)
+    adapters: dict[int, AdapterReply] = field(default_factory=dict)
+    #: Completions accepted per peer since the last :meth:`take_contributions`.
+    contributions: dict[str, int] = field(default_factory=dict)
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self._changed = trio.Event()
+
+    # -- wiring ----------------------------------------------------------------------------
+    def register(self, host) -> None:
+        host.set_handler(HELLO, Hello, self.on_hello)
+        host.set_handler(WORK, WorkRequest, self.on_work)
+        host.set_handler(ROLLOUTS, RolloutPush, self.on_rollouts)
+        host.set_handler(ADAPTER, AdapterRequest, self.on_adapter)
+
+    def notify(self) -> None:
+        """Wake everything waiting for a change (new work, new results, new version)."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    # -- publishing -----------------------------------------------------------------------
+    def publish(self, reply: AdapterReply) -> None:
+        self.adapters[reply.version] = reply
+        for v in sorted(self.adapters)[:-KEEP_ADAPTER_VERSIONS]:
+            del self.adapters[v]
+        self.coordinator.set_version(reply.version)
+        self.notify()
+
+    def finish(self) -> None:
+        self.done = True
+        self.notify()
+
+    def take_contributions(self) -> dict[str, int]:
+        out, self.contributions = self.contributions, {}
+        return out
+
+    # -- handlers -----------------------------------------------------------------------------
+    def _node(self, peer_id: str) -> NodeInfo:
+        node = self.nodes.get(peer_id)
+        if node is None:
+            log.warning("refused request from %s: it has not said hello", peer_id)
+            raise Refused("say hello first")
+        node.last_seen = trio.current_time()
+        return node
+
+    async def on_hello(self, msg: Hello, peer_id: str) -> HelloAck:
+        now = trio.current_time()
+        known = peer_id in self.nodes
+        self.nodes[peer_id] = NodeInfo(peer_id, msg, joined_at=now, last_seen=now)
+        if known:
+            # A node that re-joins has lost whatever it was generating.
+            self.coordinator.release_peer(peer_id)
+            self.notify()
+        log.info(
+            "node %s %s: backend=%s device=%s mem=%.1f GiB %.0f tok/s",
+            short(peer_id), "re-joined" if known else "joined", msg.backend, msg.device,
+            msg.memory_bytes / 2**30, msg.tokens_per_s,
+        )
+        current = max(self.adapters, default=0)
+        return HelloAck(accepted=True, run_id=self.run_id, model=self.model_name, current_version=current)
+
+    async def on_work(self, msg: WorkRequest, peer_id: str) -> WorkReply:
+        self._node(peer_id)
+        with trio.move_on_after(self.long_poll_s):
+            while True:
+                if self.done:
+                    return WorkReply(done=True, reason="done")
+                record = self.coordinator.lease(peer_id, msg.max_groups, trio.current_time())
+                if record is not None:
+                    self.notify()
+                    return WorkReply(lease=self._lease_message(record))
+                await self.wait_changed()
+        return WorkReply(retry_after_s=0.0, reason="no_work")
+
+    def _lease_message(self, record) -> Lease:
+        s = self.sampling
+        groups = [PromptGroup(gid, self.coordinator.specs[gid].prompt_ids) for gid in record.group_ids]
+        return Lease(
+            lease_id=record.lease_id,
+            version=record.version,
+            group_size=self.group_size,
+            sampling=Sampling(s.temperature, s.top_p, s.max_tokens, s.seed),
+            groups=groups,
+            deadline_s=record.deadline - record.issued_at,
+        )
+
+    async def on_rollouts(self, msg: RolloutPush, peer_id: str) -> RolloutAck:
+        node = self._node(peer_id)
+        accepted, rejected = self.coordinator.submit(peer_id, msg.lease_id, msg.groups, trio.current_time())
+        by_id = {g.group_id: g for g in msg.groups}
+        n_completions = sum(len(by_id[g].completions) for g in accepted)
+        node.groups_pushed += len(accepted)
+        node.completions_pushed += n_completions
+        node.rejected_groups += len(rejected)
+        node.gen_tokens += msg.gen_tokens
+        node.gen_s += msg.gen_s
+        if accepted:
+            self.contributions[peer_id] = self.contributions.get(peer_id, 0) + n_completions
+        for gid, reason in rejected.items():
+            log.warning("rejected group %s from %s: %s", gid, short(peer_id), reason)
+        self.notify()
+        return RolloutAck(accepted_groups=len(accepted), rejected_groups=len(rejected), rejections=rejected)
+
+    async def on_adapter(self, msg: AdapterRequest, peer_id: str) -> AdapterReply:
+        self._node(peer_id)
+        if not self.adapters:
+            raise Refused("no adapter published yet")
+        version = max(self.adapters) if msg.version < 0 else msg.version
+        reply = self.adapters.get(version)
+        if reply is None:
+            raise Refused(f"adapter version {version} is not available (have {sorted(self.adapters)})")
+        return reply
+
+    async def expiry_loop(self) -> None:
+        """Re-issue the groups of leases whose deadline passed (a node died or froze)."""
+        while not self.done:
+            deadline = self.coordinator.next_deadline()
+            with trio.move_on_at(deadline if deadline is not None else float("inf")):
+                await self.wait_changed()
+                continue
+            requeued = self.coordinator.expire(trio.current_time())
+            if requeued:
+                log.warning("lease expired: re-issuing %d group(s): %s", len(requeued), ", ".join(requeued))
+                self.notify()
+
+
+def short(peer_id: str) -> str:
+    """Short form of a peer id for console lines."""
+    return peer_id[-6:]

@@ -1,0 +1,146 @@
+"""The node's main loop: connect, say hello, then lease -> adapter -> generate -> push.
+
+Reconnects with exponential backoff whenever the learner is unreachable or answers badly;
+prints one status line per lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+import trio
+
+from node_agents.backends.base import Backend, LoraAdapter, SamplingParams
+from node_agents.config import NodeConfig
+from swarm.errors import SwarmError
+from swarm.proto import ADAPTER, HELLO, ROLLOUTS, WORK
+from swarm.proto.adapter import AdapterReply, AdapterRequest, decode_tensors
+from swarm.proto.hello import Hello, HelloAck
+from swarm.proto.rollouts import Completion, GroupResult, RolloutAck, RolloutPush
+from swarm.proto.work import Lease, WorkReply, WorkRequest, group_seed
+from swarm.wire import WireError
+
+log = logging.getLogger("echo_swarm.node")
+
+#: A work request may wait this long on the learner (its long poll) beyond the request timeout.
+LONG_POLL_GRACE_S = 30.0
+
+
+def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Random | None = None) -> float:
+    """Exponential backoff with +-25% jitter: attempt 0 -> ~initial, doubling up to maximum."""
+    base = min(maximum, initial * (2 ** min(attempt, 30)))
+    jitter = (rng or random).uniform(0.75, 1.25)
+    return min(maximum, base * jitter)
+
+
+class LearnerGone(Exception):
+    """The learner cannot be reached or answered nonsense; reconnect."""
+
+
+class NodeAgent:
+    def __init__(self, cfg: NodeConfig, backend: Backend, name: str = "node"):
+        self.cfg = cfg
+        self.backend = backend
+        self.name = name
+        #: (run id, version) of the adapter installed in the backend.
+        self.adapter_key: tuple[str, int] | None = None
+        self.run_id = ""
+        self.pushed_completions = 0
+        self.leases_done = 0
+
+    def say(self, text: str) -> None:
+        print(f"[{self.name}] {text}", flush=True)
+
+    async def run(self, host) -> None:
+        """Serve the learner until it says the run is done (or retries are exhausted)."""
+        attempt = 0
+        while True:
+            try:
+                peer = await self._join(host)
+                attempt = 0
+                if await self._work_loop(host, peer):
+                    self.say(f"run finished: {self.leases_done} leases, {self.pushed_completions} rollouts pushed")
+                    return
+            except (SwarmError, WireError, trio.TooSlowError, LearnerGone, OSError) as e:
+                attempt += 1
+                if self.cfg.max_retries and attempt > self.cfg.max_retries:
+                    raise LearnerGone(f"learner unreachable after {attempt - 1} retries: {e}") from e
+                delay = backoff_delay(attempt - 1, self.cfg.backoff_initial_s, self.cfg.backoff_max_s)
+                self.say(f"learner unavailable ({type(e).__name__}: {e}); retry {attempt} in {delay:.1f}s")
+                await trio.sleep(delay)
+
+    async def _join(self, host) -> str:
+        peer = await host.connect(self.cfg.learner)
+        caps = self.backend.capabilities()
+        hello = Hello(
+            backend=caps.backend, device=caps.device, memory_bytes=caps.memory_bytes,
+            tokens_per_s=caps.tokens_per_s, extra=caps.extra,
+        )
+        ack = await host.request(peer, HELLO, hello, HelloAck, timeout=self.cfg.request_timeout_s)
+        if not ack.accepted:
+            raise LearnerGone(f"learner refused the join: {ack.reason}")
+        if ack.run_id != self.run_id:
+            self.run_id = ack.run_id
+            self.adapter_key = None
+        self.say(f"joined learner {peer[-6:]} (run {ack.run_id}, model {ack.model}, v{ack.current_version})")
+        return peer
+
+    async def _work_loop(self, host, peer: str) -> bool:
+        while True:
+            have = self.adapter_key[1] if self.adapter_key and self.adapter_key[0] == self.run_id else -1
+            req = WorkRequest(have_version=have, max_groups=self.cfg.max_groups)
+            reply = await host.request(
+                peer, WORK, req, WorkReply, timeout=self.cfg.request_timeout_s + LONG_POLL_GRACE_S
+            )
+            if reply.done:
+                return True
+            if reply.lease is None:
+                await trio.sleep(reply.retry_after_s)
+                continue
+            await self._serve_lease(host, peer, reply.lease)
+
+    async def _ensure_adapter(self, host, peer: str, version: int) -> None:
+        if self.adapter_key == (self.run_id, version):
+            return
+        t0 = time.perf_counter()
+        reply = await host.request(
+            peer, ADAPTER, AdapterRequest(version=version), AdapterReply, timeout=self.cfg.request_timeout_s
+        )
+        if reply.version != version:
+            raise LearnerGone(f"asked for adapter v{version}, got v{reply.version}")
+        adapter = LoraAdapter(
+            version=reply.version, rank=reply.rank, alpha=reply.alpha,
+            target_modules=list(reply.target_modules), tensors=decode_tensors(reply.tensors),
+        )
+        await trio.to_thread.run_sync(self.backend.set_adapter, adapter)
+        self.adapter_key = (self.run_id, version)
+        log.info("adapter v%d installed in %.2fs", version, time.perf_counter() - t0)
+
+    async def _serve_lease(self, host, peer: str, lease: Lease) -> None:
+        await self._ensure_adapter(host, peer, lease.version)
+        s = lease.sampling
+        t0 = time.perf_counter()
+        results: list[GroupResult] = []
+        tokens = 0
+        for g in lease.groups:
+            params = SamplingParams(s.temperature, s.top_p, s.max_tokens, group_seed(s.seed, g.group_id))
+            comps = await trio.to_thread.run_sync(self.backend.generate_group, g.prompt_ids, lease.group_size, params)
+            tokens += sum(len(c.token_ids) for c in comps)
+            results.append(GroupResult(
+                group_id=g.group_id, version=lease.version,
+                completions=[Completion(c.token_ids, c.logprobs, c.finish_reason) for c in comps],
+            ))
+        gen_s = time.perf_counter() - t0
+        push = RolloutPush(lease_id=lease.lease_id, groups=results, gen_s=gen_s, gen_tokens=tokens,
+                           backend=self.backend.name)
+        ack = await host.request(peer, ROLLOUTS, push, RolloutAck, timeout=self.cfg.request_timeout_s)
+        self.leases_done += 1
+        pushed = sum(len(r.completions) for r in results if r.group_id not in ack.rejections)
+        self.pushed_completions += pushed
+        note = f" rejected {ack.rejections}" if ack.rejections else ""
+        self.say(
+            f"v{lease.version} lease {lease.lease_id}: {len(results)} group(s), {tokens} tok in {gen_s:.1f}s "
+            f"({tokens / max(gen_s, 1e-9):.0f} tok/s), pushed {pushed} (total {self.pushed_completions}){note}"
+        )

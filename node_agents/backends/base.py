@@ -1,0 +1,76 @@
+"""The small interface every generation backend implements (llama.cpp, torch, MLX)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass
+class LoraAdapter:
+    """A LoRA adapter as the learner publishes it, backend-neutral.
+
+    ``tensors`` maps peft state-dict names, e.g.
+    ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`` (shape ``[r, in]``) and
+    ``...lora_B.weight`` (shape ``[out, r]``), to float32 arrays. The effective weight update of
+    a module is ``(alpha / rank) * B @ A``.
+    """
+
+    version: int
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class SampledCompletion:
+    """One completion: sampled token ids and each token's behaviour log-probability.
+
+    ``logprobs[t]`` is ``log_softmax(logits_t / temperature)[token_ids[t]]`` under the model
+    and adapter that sampled it (temperature 0 means greedy and uses temperature 1 here).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" or "length"
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 128
+    seed: int = 0
+
+
+@dataclass
+class Capabilities:
+    backend: str
+    device: str
+    memory_bytes: int
+    tokens_per_s: float = 0.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """Loads the base model once; hot-swaps adapters; generates whole GRPO groups."""
+
+    name: str
+
+    def capabilities(self) -> Capabilities: ...
+
+    def set_adapter(self, adapter: LoraAdapter | None) -> None:
+        """Install ``adapter`` (``None`` or an empty one: the base model) without reloading the base."""
+
+    @property
+    def adapter_version(self) -> int:
+        """Version of the installed adapter; -1 before any ``set_adapter``."""
+
+    def generate_group(self, prompt_ids: list[int], n: int, params: SamplingParams) -> list[SampledCompletion]:
+        """Sample ``n`` completions of one prompt as one batch. Completion j is seeded from
+        ``(params.seed, j)`` so a group is reproducible for the same adapter."""
+
+    def close(self) -> None: ...

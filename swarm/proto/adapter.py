@@ -1,0 +1,77 @@
+"""Adapter fetch: a node asks the learner for a LoRA adapter version."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+from swarm.wire import Message, WireError, bounded
+
+
+@dataclass
+class AdapterRequest(Message):
+    KIND = "adapter_request"
+    #: Wanted version; -1 means "the current one".
+    version: int = bounded(min=-1)
+
+
+@dataclass
+class TensorBlob(Message):
+    KIND = "tensor"
+    #: numpy dtype name of ``data`` (``float32`` or ``float16``).
+    dtype: str
+    shape: list[int]
+    #: Raw little-endian bytes, C order.
+    data: bytes
+
+
+@dataclass
+class AdapterReply(Message):
+    KIND = "adapter_reply"
+    version: int = bounded(min=0)
+    #: LoRA rank and alpha (scale = alpha / rank).
+    rank: int = bounded(min=1, max=4096)
+    alpha: float = bounded(min=0.0)
+    #: HF module names the adapter targets, e.g. ``q_proj``.
+    target_modules: list[str]
+    #: peft state-dict names (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``)
+    #: mapped to tensors. Version 0 may be empty (no adapter: the base model).
+    tensors: dict[str, TensorBlob]
+
+
+#: dtypes accepted in a TensorBlob.
+ALLOWED_DTYPES = ("float32", "float16")
+
+
+def encode_tensors(tensors: "dict[str, np.ndarray]", dtype: str = "float32") -> dict[str, TensorBlob]:
+    import numpy as np
+
+    out = {}
+    for name, arr in tensors.items():
+        a = np.ascontiguousarray(arr, dtype=dtype)
+        out[name] = TensorBlob(dtype=dtype, shape=list(a.shape), data=a.astype(a.dtype.newbyteorder("<")).tobytes())
+    return out
+
+
+def decode_tensors(blobs: dict[str, TensorBlob]) -> "dict[str, np.ndarray]":
+    """Blobs to float32 arrays; raises WireError on a dtype/shape/size mismatch or non-finite values."""
+    import numpy as np
+
+    out = {}
+    for name, b in blobs.items():
+        if b.dtype not in ALLOWED_DTYPES:
+            raise WireError(f"tensor {name}: dtype {b.dtype!r} not in {ALLOWED_DTYPES}")
+        if any(d < 0 for d in b.shape) or len(b.shape) > 4:
+            raise WireError(f"tensor {name}: bad shape {b.shape}")
+        dt = np.dtype(b.dtype).newbyteorder("<")
+        n = int(np.prod(b.shape)) if b.shape else 1
+        if len(b.data) != n * dt.itemsize:
+            raise WireError(f"tensor {name}: {len(b.data)} bytes do not match shape {b.shape} of {b.dtype}")
+        arr = np.frombuffer(b.data, dtype=dt).reshape(b.shape).astype(np.float32)
+        if not np.isfinite(arr).all():
+            raise WireError(f"tensor {name}: non-finite values")
+        out[name] = arr
+    return out

@@ -1,0 +1,72 @@
+"""Work leases: a node asks for work; the learner answers with a lease or tells it to wait."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from swarm.wire import Message, bounded, bounded_default
+
+
+@dataclass
+class WorkRequest(Message):
+    KIND = "work_request"
+    #: The adapter version the node holds now (-1: none yet).
+    have_version: int = bounded(min=-1)
+    #: Largest number of prompt groups the node wants in one lease.
+    max_groups: int = bounded(min=1, max=1024)
+
+
+@dataclass
+class Sampling(Message):
+    KIND = "sampling"
+    temperature: float = bounded(min=0.0, max=10.0)
+    top_p: float = bounded(min=0.0, max=1.0)
+    max_tokens: int = bounded(min=1, max=32768)
+    #: Base seed; completion j of a group uses a seed derived from (seed, j).
+    seed: int = bounded(min=0, max=2**63 - 1)
+
+
+@dataclass
+class PromptGroup(Message):
+    KIND = "prompt_group"
+    #: Learner-unique id of this GRPO group (the same id is re-used if the lease is re-issued).
+    group_id: str
+    #: Prompt as token ids, already rendered with the model's chat template by the learner.
+    prompt_ids: list[int] = bounded(max_items=65536)
+
+
+@dataclass
+class Lease(Message):
+    KIND = "lease"
+    lease_id: str
+    #: Adapter version the node must generate with.
+    version: int = bounded(min=0)
+    #: Completions per prompt (the GRPO group size).
+    group_size: int = bounded(min=1, max=1024)
+    sampling: Sampling
+    groups: list[PromptGroup] = bounded(max_items=1024)
+    #: Seconds from issue until the lease expires and its groups are re-issued elsewhere.
+    deadline_s: float = bounded(min=0.0)
+
+
+@dataclass
+class WorkReply(Message):
+    KIND = "work_reply"
+    #: The lease, or ``None`` when there is nothing to do right now.
+    lease: Lease | None = None
+    #: When ``lease`` is ``None``: seconds to wait before asking again.
+    retry_after_s: float = bounded_default(1.0, min=0.0, max=3600.0)
+    #: When ``lease`` is ``None``: why (``batch_full``, ``stale_adapter``, ``done``, ...).
+    reason: str = ""
+    #: True when the run is over and the node should leave.
+    done: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def group_seed(lease_seed: int, group_id: str) -> int:
+    """Sampling seed of one group: derived from the lease's seed and the group id, so a
+    re-issued group is generated identically under the same adapter version."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{lease_seed}:{group_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1

@@ -1,0 +1,103 @@
+"""The pure lease/result state machine: every group trained once, nothing silently lost."""
+
+import math
+
+import pytest
+
+from learner.coordinator import COMPLETED, LEASED, PENDING, TRAINED, Coordinator, GroupSpec, Limits
+from swarm.proto.rollouts import Completion, GroupResult
+
+G = 2
+
+
+def make(n_groups=3, timeout=10.0, per_lease=2):
+    c = Coordinator(Limits(group_size=G, max_tokens=8, vocab_size=100), lease_timeout_s=timeout, groups_per_lease=per_lease)
+    c.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(n_groups)])
+    return c
+
+
+def result(gid, version=0, n=G, tokens=(5, 6), logprobs=(-0.1, -2.0), finish="stop"):
+    return GroupResult(gid, version, [Completion(list(tokens), list(logprobs), finish) for _ in range(n)])
+
+
+def test_lease_submit_take():
+    c = make()
+    lease = c.lease("A", max_groups=5, now=0.0)
+    assert lease.group_ids == ["g0", "g1"] and lease.version == 0
+    assert c.ledger == {"g0": LEASED, "g1": LEASED, "g2": PENDING}
+    acc, rej = c.submit("A", lease.lease_id, [result("g0"), result("g1")], now=1.0)
+    assert acc == ["g0", "g1"] and rej == {}
+    assert lease.lease_id not in c.leases
+    taken = c.take(["g0", "g1"])
+    assert [t.peer_id for t in taken] == ["A", "A"]
+    assert c.ledger["g0"] == TRAINED
+    with pytest.raises(ValueError):
+        c.take(["g0"])  # never trained twice
+
+
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (result("g0", version=1), "wrong_version"),
+        (result("g0", n=G + 1), "group_size"),
+        (result("g0", logprobs=(-0.1, math.nan)), "bad_logprob"),
+        (result("g0", logprobs=(-0.1, 3.0)), "bad_logprob"),
+        (result("g0", tokens=(5, 100)), "token_out_of_vocab"),
+        (result("g0", tokens=(5,)), "logprobs_length_mismatch"),
+        (result("g0", tokens=tuple(range(9)), logprobs=(-1.0,) * 9), "too_many_tokens"),
+        (result("g0", finish="weird"), "bad_finish_reason"),
+        (result("g2"), "group_not_in_lease"),
+    ],
+)
+def test_bad_results_are_rejected_and_group_stays_open(bad, reason):
+    c = make()
+    lease = c.lease("A", 2, now=0.0)
+    acc, rej = c.submit("A", lease.lease_id, [bad], now=1.0)
+    assert acc == [] and reason in rej[bad.group_id]
+    assert c.ledger["g0"] == LEASED
+
+
+def test_stranger_and_unknown_lease_rejected():
+    c = make()
+    lease = c.lease("A", 2, now=0.0)
+    _, rej = c.submit("B", lease.lease_id, [result("g0")], now=1.0)
+    assert rej["g0"] == "lease_of_another_peer"
+    _, rej = c.submit("A", "nope", [result("g0")], now=1.0)
+    assert rej["g0"] == "unknown_or_expired_lease"
+
+
+def test_expiry_reissues_to_front_and_late_result_still_counts_once():
+    c = make(n_groups=3, timeout=5.0, per_lease=2)
+    first = c.lease("A", 2, now=0.0)
+    assert c.expire(now=4.9) == []
+    assert c.expire(now=5.0) == ["g0", "g1"]
+    assert c.ledger["g0"] == PENDING
+    second = c.lease("B", 2, now=6.0)
+    assert second.group_ids == ["g0", "g1"]  # re-issued before the untouched g2
+    # A was only slow: its late result for g0 is accepted, B's duplicate is then refused.
+    acc, _ = c.submit("A", first.lease_id, [result("g0")], now=7.0)
+    assert acc == ["g0"]
+    acc, rej = c.submit("B", second.lease_id, [result("g0"), result("g1")], now=8.0)
+    assert acc == ["g1"] and rej["g0"] == "already_completed"
+    assert c.counts() == {COMPLETED: 2, PENDING: 1}
+
+
+def test_release_peer_requeues_and_next_deadline():
+    c = make(n_groups=2, per_lease=1)
+    a = c.lease("A", 1, now=0.0)
+    c.lease("B", 1, now=2.0)
+    assert c.next_deadline() == a.deadline
+    assert c.release_peer("A") == ["g0"]
+    assert c.lease("C", 1, now=3.0).group_ids == ["g0"]
+    assert c.lease("C", 1, now=3.0) is None
+
+
+def test_version_of_new_leases_and_completed_filter():
+    c = make(n_groups=2, per_lease=1)
+    c.set_version(3)
+    lease = c.lease("A", 1, now=0.0)
+    assert lease.version == 3
+    c.submit("A", lease.lease_id, [result("g0", version=3)], now=1.0)
+    assert c.completed_ids(3) == ["g0"] and c.completed_ids(2) == []
+    with pytest.raises(ValueError):
+        c.add_groups([GroupSpec("g0", [1], "0")])
