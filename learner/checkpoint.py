@@ -20,7 +20,7 @@ def save_state(run_dir: Path, trainer, state) -> Path:
     tmp = root / f".tmp_step_{state.step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    trainer.save_checkpoint(tmp)
+    trainer.save_checkpoint(tmp / "trainer.pt")
     (tmp / "loop.json").write_text(json.dumps(dataclasses.asdict(state)))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -46,5 +46,5 @@ def load_state(run_dir: Path, trainer):
     path = latest_checkpoint(run_dir)
     if path is None:
         raise FileNotFoundError(f"no checkpoint to resume from in {Path(run_dir) / 'checkpoints'}")
-    trainer.load_checkpoint(path)
+    trainer.load_checkpoint(path / "trainer.pt")
     return LoopState(**json.loads((path / "loop.json").read_text()))

@@ -51,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "launch":
-            cfg = load_config(LearnerConfig, args.config, args.overrides)
+            cfg = validate(load_config(LearnerConfig, args.config, args.overrides))
             return launch(cfg, args.run_dir or _default_run_dir(""), args.resume)
         overrides = [f"task.seed={args.seed}", f"train.seed={args.seed}", *args.overrides]
         if args.steps is not None:
             overrides.append(f"train.steps={args.steps}")
-        cfg = load_config(LearnerConfig, args.config, overrides)
+        cfg = validate(load_config(LearnerConfig, args.config, overrides))
         from learner.demo import run_demo
 
         return run_demo(cfg, args.nodes, args.run_dir or _default_run_dir("demo-"))
@@ -69,6 +69,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("swarm-learner: interrupted", file=sys.stderr)
         return 130
+
+
+def validate(cfg):
+    """Catch config mistakes before anything heavy starts."""
+    from swarm.config import ConfigError
+    from tasks.registry import make_task
+
+    try:
+        make_task(cfg.task)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    t = cfg.train
+    if min(t.steps, t.prompts_per_step, t.group_size, t.max_tokens, t.micro_batch) < 1:
+        raise ConfigError("train.steps, prompts_per_step, group_size, max_tokens and micro_batch must be >= 1")
+    if t.group_size < 2:
+        raise ConfigError("train.group_size must be >= 2: GRPO advantages compare completions within a group")
+    return cfg
 
 
 def launch(cfg, run_dir: Path, resume: bool) -> int:

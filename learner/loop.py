@@ -43,27 +43,44 @@ class LoopState:
     wall_s: float = 0.0
 
 
-def score_groups(groups: list[CompletedGroup], task, tokenizer) -> tuple[list[dict], list[float]]:
+def build_trainer(resolved, cfg: LearnerConfig):
+    """The peft/GRPO trainer from the learner config (heavy: loads the model)."""
+    from learner.trainer import ComputeConfig, LoraConfig, LossConfig, OptimConfig, Trainer
+
+    t, lo = cfg.train, cfg.lora
+    return Trainer(
+        resolved,
+        lora=LoraConfig(rank=lo.rank, alpha=lo.alpha, target_modules=tuple(lo.target_modules)),
+        optim=OptimConfig(lr=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm),
+        loss=LossConfig(kind=t.loss, clip_eps_low=t.clip_low, clip_eps_high=t.clip_high, is_cap=t.is_cap),
+        compute=ComputeConfig(micro_batch_size=t.micro_batch, temperature=t.temperature,
+                              torch_threads=t.torch_threads or None),
+        seed=t.seed,
+    )
+
+
+def score_groups(groups: list[CompletedGroup], task, tokenizer) -> tuple[list, list[float]]:
     """Rewards recomputed from the tokens -> per-completion samples with GRPO advantages."""
     from learner.grpo import group_advantages
-    import torch
+    from learner.trainer import TrainSample
 
-    samples: list[dict] = []
+    samples: list = []
     all_rewards: list[float] = []
     for g in groups:
         problem = task.problem("train", int(g.spec.problem_ref))
         texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in g.result.completions]
         rewards = [float(task.reward(problem, t)) for t in texts]
-        adv = group_advantages(torch.tensor(rewards, dtype=torch.float32)).tolist()
+        adv = group_advantages(rewards).tolist()
         for c, a in zip(g.result.completions, adv):
-            samples.append({
-                "prompt_ids": g.spec.prompt_ids,
-                "completion_ids": c.token_ids,
-                "behav_logprobs": c.logprobs,
-                "advantage": a,
-            })
+            samples.append(TrainSample(g.spec.prompt_ids, c.token_ids, c.logprobs, float(a)))
         all_rewards += rewards
     return samples, all_rewards
+
+
+def load_tokenizer(hf_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(hf_dir))
 
 
 async def run_learner(
@@ -72,12 +89,13 @@ async def run_learner(
     *,
     resume: bool = False,
     console: Callable[[str], None] = print,
+    on_service: Callable[[LearnerService], None] | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> list[dict]:
-    """Run the whole training job; ``task_status.started(addrs)`` once nodes can join."""
+    """Run the whole training job; ``task_status.started(addrs)`` once nodes can join.
+    ``on_service`` receives the live service (tests and tools watch its coordinator)."""
     from learner.checkpoint import load_state, save_state
     from learner.models import resolve_model
-    from learner.trainer import Trainer
     from swarm.host import HostConfig, open_host
     from tasks.registry import make_task
 
@@ -86,8 +104,8 @@ async def run_learner(
     (run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))
     console(f"learner: loading model {cfg.model.name!r} ...")
     resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, cfg.model.cache_dir or None)
-    trainer = await trio.to_thread.run_sync(lambda: Trainer.from_config(resolved, cfg))
-    tokenizer = trainer.tokenizer
+    trainer = await trio.to_thread.run_sync(build_trainer, resolved, cfg)
+    tokenizer = await trio.to_thread.run_sync(load_tokenizer, resolved.hf_dir)
     task = make_task(cfg.task)
     state = LoopState()
     if resume:
@@ -112,6 +130,8 @@ async def run_learner(
     host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s)
     async with open_host(run_dir / "identity", listen_addr=cfg.network.listen, config=host_cfg) as host:
         service.register(host)
+        if on_service is not None:
+            on_service(service)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(service.expiry_loop)
             service.publish(adapter_reply(trainer.export_adapter(state.version)))
@@ -178,6 +198,7 @@ async def _one_step(cfg, state: LoopState, coord: Coordinator, service: LearnerS
         "gen_wait_s": round(gen_wait, 3),
         "train_s": round(train_s, 3),
         "nodes": service.take_contributions(),
+        "rollout_versions": sorted({g.result.version for g in groups}),
         "mean_completion_tokens": sum(len(c.token_ids) for c in comps) / len(comps),
         "stop_frac": sum(c.finish_reason == "stop" for c in comps) / len(comps),
         **{k: v for k, v in stats.items() if isinstance(v, (int, float))},
