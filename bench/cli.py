@@ -1,0 +1,37 @@
+"""``swarm-bench``: benchmark entry point; one sub-command per bench module.
+
+Every bench module exposes ``add_arguments(parser)`` and ``run(args)`` and keeps its heavy
+imports (llama.cpp, torch) inside ``run``, so building this parser and ``--help`` stay instant.
+Add a sub-command by adding a line to ``SUBCOMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+#: sub-command -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "throughput": ("bench.throughput", "node backend generation tokens/s against raw llama-cpp-python"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarm-bench", description="echo-swarm benchmarks")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip().splitlines()[0])
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args._run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
