@@ -42,7 +42,7 @@ class LoraSettings:
 @dataclass
 class TrainConfig:
     #: Learner steps (adapter versions published after the initial one).
-    steps: int = 30
+    steps: int = 20
     #: Prompts (GRPO groups) per learner step.
     prompts_per_step: int = 8
     #: Completions per prompt (GRPO group size).
@@ -52,9 +52,9 @@ class TrainConfig:
     #: Nucleus sampling threshold on the nodes (1.0 = off, keeps log-probs exact).
     top_p: float = 1.0
     #: Longest completion in tokens.
-    max_tokens: int = 96
+    max_tokens: int = 64
     #: AdamW learning rate of the LoRA parameters.
-    lr: float = 2e-4
+    lr: float = 3e-4
     #: AdamW weight decay.
     weight_decay: float = 0.0
     #: Gradient-norm clip.

@@ -189,6 +189,8 @@ async def _one_step(cfg, state: LoopState, coord: Coordinator, service: LearnerS
     service.publish(adapter_reply(trainer.export_adapter(state.version)))
     comps = [c for g in groups for c in g.result.completions]
     return {
+        **{f"train_{k}" if k in ("step", "step_time_s", "tokens", "sequences") else k: v
+           for k, v in stats.items() if isinstance(v, (int, float))},
         "step": state.step,
         "policy_version": state.version,
         "trained_on_version": state.version - 1,
@@ -201,5 +203,4 @@ async def _one_step(cfg, state: LoopState, coord: Coordinator, service: LearnerS
         "rollout_versions": sorted({g.result.version for g in groups}),
         "mean_completion_tokens": sum(len(c.token_ids) for c in comps) / len(comps),
         "stop_frac": sum(c.finish_reason == "stop" for c in comps) / len(comps),
-        **{k: v for k, v in stats.items() if isinstance(v, (int, float))},
     }
