@@ -29,8 +29,8 @@ log = logging.getLogger("echo_swarm.learner")
 
 #: Print a "waiting for rollouts" line when a batch has made no progress for this long.
 WAIT_REPORT_S = 30.0
-#: After the last step, how long nodes get to hear "done" before the host closes.
-SHUTDOWN_GRACE_S = 3.0
+#: After the last step, the longest wait for active nodes to hear "done" before the host closes.
+SHUTDOWN_GRACE_S = 20.0
 
 
 @dataclass
@@ -154,7 +154,7 @@ async def run_learner(
                 plot_rewards(metrics.rows, run_dir / "reward.png", title=f"{cfg.task.name}: reward per step")
             (run_dir / "ledger.json").write_text(json.dumps(coord.counts(), indent=1))
             console(f"learner: done; adapter in {run_dir / 'adapter'}, metrics in {run_dir / 'metrics.jsonl'}")
-            await trio.sleep(SHUTDOWN_GRACE_S)
+            await service.wait_nodes_told(active_within_s=cfg.sync.long_poll_s + 30.0, timeout_s=SHUTDOWN_GRACE_S)
             nursery.cancel_scope.cancel()
     return metrics.rows
 

@@ -63,6 +63,8 @@ class LearnerService:
     #: Completions accepted per peer since the last :meth:`take_contributions`.
     contributions: dict[str, int] = field(default_factory=dict)
     done: bool = False
+    #: Peers that have been told the run is over.
+    told_done: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._changed = trio.Event()
@@ -93,6 +95,17 @@ class LearnerService:
     def finish(self) -> None:
         self.done = True
         self.notify()
+
+    async def wait_nodes_told(self, active_within_s: float, timeout_s: float) -> None:
+        """After :meth:`finish`: wait (bounded) until every recently active node has heard
+        that the run is over, so none is left waiting on a closed learner."""
+        with trio.move_on_after(timeout_s):
+            while True:
+                now = trio.current_time()
+                active = {p for p, n in self.nodes.items() if now - n.last_seen <= active_within_s}
+                if active <= self.told_done:
+                    return
+                await self.wait_changed()
 
     def take_contributions(self) -> dict[str, int]:
         out, self.contributions = self.contributions, {}
@@ -128,6 +141,8 @@ class LearnerService:
         with trio.move_on_after(self.long_poll_s):
             while True:
                 if self.done:
+                    self.told_done.add(peer_id)
+                    self.notify()
                     return WorkReply(done=True, reason="done")
                 record = self.coordinator.lease(peer_id, msg.max_groups, trio.current_time())
                 if record is not None:

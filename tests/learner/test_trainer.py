@@ -160,3 +160,33 @@ def test_rejects_bad_batches(tiny_model):
     with pytest.raises(ValueError):
         tr.train_step([TrainSample([1, 2], [3, 4], [0.0], 1.0)])
 
+
+
+def _group_batch(trainer: Trainer, group=4, seed=5) -> list[TrainSample]:
+    """One GRPO group: ``group`` completions of different lengths after one shared prompt."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, VOCAB, (6,), generator=g).tolist()
+    samples = [TrainSample(prompt, torch.randint(3, VOCAB, (2 + 2 * j,), generator=g).tolist(), [], (-1.0) ** j)
+               for j in range(group)]
+    for s in samples:
+        s.behav_logprobs = [0.0] * len(s.completion_ids)
+    for s, lp in zip(samples, trainer.logprobs(samples)):
+        s.behav_logprobs = lp.tolist()
+    return samples
+
+
+def test_shared_prompt_path_matches_plain_path(tiny_model):
+    lps, grads = [], []
+    for share in (True, False):
+        tr = Trainer(tiny_model, LoraConfig(rank=4, alpha=8), OptimConfig(lr=1e-2), LossConfig(),
+                     ComputeConfig(micro_batch_size=8, bf16_autocast=False, share_prompt=share, torch_threads=1))
+        batch = _group_batch(tr)
+        tr.train_step(batch)  # afterwards lora_B != 0, so the adapter matters below
+        lps.append(tr.logprobs(batch))
+        tr.optimizer.step = lambda: None  # keep the accumulated gradients of the next step
+        tr.optimizer.zero_grad = lambda set_to_none=True: None
+        tr.train_step(batch)
+        grads.append(torch.cat([p.grad.flatten() for p in tr.params]))
+    for x, y in zip(*lps):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
