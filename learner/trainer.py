@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -125,7 +126,9 @@ class Trainer:
         base.config.use_cache = False
         peft_cfg = peft.LoraConfig(r=self.lora.rank, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
                                    target_modules=list(self.lora.target_modules), bias="none", task_type="CAUSAL_LM")
-        self.model = peft.get_peft_model(base, peft_cfg).to(self.device)
+        with warnings.catch_warnings():  # peft 0.21 calls a deprecated transformers 5 property
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            self.model = peft.get_peft_model(base, peft_cfg).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=self.optim_cfg.lr, betas=tuple(self.optim_cfg.betas),
                                            eps=self.optim_cfg.eps, weight_decay=self.optim_cfg.weight_decay)
