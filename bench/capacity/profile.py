@@ -1,0 +1,158 @@
+"""``swarm-bench profile``: measure this machine for the capacity planner and write a profile file.
+
+Three short measurements (each bounded to tens of seconds):
+
+- node generation, per installed node backend: whole GRPO groups of ``--group-size``
+  completions of one prompt (``--max-tokens`` each, temperature 1) for about ``--seconds``,
+  after a short warm-up; other backends are skipped with the reason;
+- the learner: one GRPO step of the peft trainer (``learner.loop.build_trainer``, the
+  default learner config) on a synthetic batch of ``prompts_per_step x group_size`` samples
+  with the measured completion length;
+- the adapter: the size of the exported LoRA (float32 as held, and float16 as it could be sent).
+
+The profile is JSON (format ``echo-swarm-profile/1``)::
+
+    workload: prompts_per_step, group_size, max_tokens, prompt_tokens   (what was measured)
+    nodes:    {backend: {tokens_per_s, group_s, completion_tokens, groups, threads, device}}
+    skipped:  {backend: reason}
+    learner:  {train_s, samples, tokens, threads}                     (absent with --no-learner)
+    adapter:  {bytes_fp32, bytes_fp16, tensors, rank}                  (absent with --no-learner)
+    machine:  {cpu_count, platform}
+
+``tokens_per_s`` is generated tokens per wall second of whole groups; ``group_s`` is seconds
+per group (the planner's group latency L); ``train_s`` is one optimizer step on the batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+FORMAT = "echo-swarm-profile/1"
+#: Backends the profiler knows how to ask for (only those in the node registry are tried).
+CANDIDATE_BACKENDS = ("llamacpp", "torch", "mlx")
+PROMPT = "A shop sells pencils at 3 dollars each. Tom buys 7 pencils and pays with 50 dollars. How much change does he get?"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="capacity-profile.json", help="profile file to write")
+    parser.add_argument("--model", default="default", help="model name for nodes and learner ('default': SmolLM2-135M)")
+    parser.add_argument("--prompts-per-step", type=int, default=8, help="GRPO groups per learner step")
+    parser.add_argument("--group-size", type=int, default=8, help="completions per group")
+    parser.add_argument("--max-tokens", type=int, default=64, help="max new tokens per completion")
+    parser.add_argument("--seconds", type=float, default=20.0, help="generation time budget per backend")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads for generation and training (0: all cores)")
+    parser.add_argument("--no-learner", action="store_true", help="skip the learner step and adapter size")
+
+
+def _chat(text: str) -> str:
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def profile_backend(name: str, args: argparse.Namespace) -> dict:
+    """Generate groups for about ``args.seconds``; raises ImportError/ValueError if unavailable."""
+    from node_agents.backends.base import SamplingParams
+    from node_agents.backends.registry import create_backend
+
+    backend = create_backend(name, model=args.model, threads=args.threads)
+    try:
+        tokenize = getattr(backend, "tokenize", None)
+        prompt = tokenize(_chat(PROMPT)) if tokenize else list(range(10, 74))
+        backend.generate_group(prompt, min(2, args.group_size), SamplingParams(1.0, 1.0, 4, seed=0))  # warm-up
+        groups = tokens = 0
+        t0 = time.perf_counter()
+        while groups == 0 or time.perf_counter() - t0 < args.seconds:
+            comps = backend.generate_group(prompt, args.group_size, SamplingParams(1.0, 1.0, args.max_tokens, seed=groups))
+            tokens += sum(len(c.token_ids) for c in comps)
+            groups += 1
+        elapsed = time.perf_counter() - t0
+        caps = backend.capabilities()
+    finally:
+        backend.close()
+    return {"tokens_per_s": tokens / elapsed, "group_s": elapsed / groups,
+            "completion_tokens": tokens / (groups * args.group_size), "groups": groups,
+            "threads": args.threads or os.cpu_count() or 1, "device": caps.device, "prompt_tokens": len(prompt)}
+
+
+def profile_learner(args: argparse.Namespace, completion_tokens: float, prompt_tokens: int) -> tuple[dict, dict]:
+    """One timed GRPO step on a synthetic batch; the exported adapter's size."""
+    import numpy as np
+
+    from learner.config import LearnerConfig
+    from learner.loop import build_trainer
+    from learner.models import resolve_model
+    from learner.trainer import TrainSample
+
+    cfg = LearnerConfig()
+    cfg.model.name = args.model
+    cfg.train.prompts_per_step, cfg.train.group_size = args.prompts_per_step, args.group_size
+    cfg.train.torch_threads = args.threads
+    trainer = build_trainer(resolve_model(args.model), cfg)
+    rng = np.random.default_rng(0)
+    vocab = int(trainer.model.get_base_model().config.vocab_size)
+    c_len = max(1, int(round(completion_tokens)))
+    batch = []
+    for _ in range(args.prompts_per_step):
+        prompt = rng.integers(10, vocab, prompt_tokens).tolist()
+        adv = rng.standard_normal(args.group_size)
+        for a in adv:
+            batch.append(TrainSample(prompt, rng.integers(10, vocab, c_len).tolist(), [-1.0] * c_len, float(a)))
+    stats = trainer.train_step(batch)
+    adapter = trainer.export_adapter(0)
+    n_bytes = sum(int(t.nbytes) for t in adapter.tensors.values())
+    learner = {"train_s": float(stats["step_time_s"]), "samples": len(batch), "tokens": len(batch) * c_len,
+               "threads": args.threads or os.cpu_count() or 1}
+    return learner, {"bytes_fp32": n_bytes, "bytes_fp16": n_bytes // 2, "tensors": len(adapter.tensors),
+                     "rank": adapter.rank}
+
+
+def run(args: argparse.Namespace) -> dict:
+    from node_agents.backends.registry import BACKENDS
+
+    prof: dict = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": args.model,
+                  "workload": {"prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
+                               "max_tokens": args.max_tokens},
+                  "nodes": {}, "skipped": {},
+                  "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(terse=True)}}
+    for name in CANDIDATE_BACKENDS:
+        if name not in BACKENDS:
+            prof["skipped"][name] = "not available in this installation's node backends"
+            print(f"profile: skipping backend {name}: not available")
+            continue
+        print(f"profile: generating with {name} for about {args.seconds:.0f} s ...")
+        try:
+            prof["nodes"][name] = r = profile_backend(name, args)
+        except (ImportError, ValueError, RuntimeError, FileNotFoundError) as e:
+            prof["skipped"][name] = f"{type(e).__name__}: {e}"
+            print(f"profile: skipping backend {name}: {e}")
+            continue
+        print(f"profile:   {r['tokens_per_s']:.1f} tok/s, {r['group_s']:.2f} s per group of {args.group_size}, "
+              f"{r['completion_tokens']:.1f} tokens per completion ({r['groups']} groups)")
+    prompt_tokens = next((r["prompt_tokens"] for r in prof["nodes"].values()), 64)
+    prof["workload"]["prompt_tokens"] = prompt_tokens
+    if not args.no_learner:
+        c_tok = next((r["completion_tokens"] for r in prof["nodes"].values()), float(args.max_tokens))
+        print(f"profile: one learner step on {args.prompts_per_step * args.group_size} samples ...")
+        prof["learner"], prof["adapter"] = profile_learner(args, c_tok, prompt_tokens)
+        print(f"profile:   train_s {prof['learner']['train_s']:.2f} s; adapter {prof['adapter']['bytes_fp32'] / 1e6:.2f} MB fp32")
+    Path(args.out).write_text(json.dumps(prof, indent=1) + "\n")
+    print(f"profile: wrote {args.out}")
+    return prof
+
+
+def load_profile(path: str | os.PathLike) -> dict:
+    """Read and check a profile file (clear error on a wrong or incomplete one)."""
+    try:
+        prof = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read profile {path}: {e}") from e
+    if not isinstance(prof, dict) or prof.get("format") != FORMAT:
+        raise ValueError(f"{path}: not an {FORMAT} file")
+    for key in ("workload", "nodes"):
+        if not isinstance(prof.get(key), dict):
+            raise ValueError(f"{path}: missing section {key!r}")
+    return prof
