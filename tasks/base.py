@@ -44,7 +44,12 @@ class Problem:
 
     id: str
     question: str
-    answer: int
+    answer: Any
+    """The reference answer: an ``int`` for arithmetic and math, a tuple of booleans (knight =
+    True) for Knights and Knaves, the optimal number of moves for Sokoban."""
+    data: Any = None
+    """Task-specific payload a reward needs besides ``answer`` (e.g. a Sokoban level's rows);
+    immutable (tuples), so problems stay hashable and comparable."""
 
 
 def parse_final_answer(text: str) -> int | None:
