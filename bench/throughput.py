@@ -33,7 +33,9 @@ PROMPTS = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default",
                         help="GGUF file, or 'default' for the packaged SmolLM2-135M-Instruct Q4_1")
-    parser.add_argument("--backend", default="llamacpp", choices=["llamacpp"], help="node backend to measure")
+    parser.add_argument("--backend", default="llamacpp", choices=["llamacpp", "torch", "mlx", "all"],
+                        help="llamacpp: the node backend against raw llama-cpp-python; torch, mlx, all: "
+                             "those node backends against the llama.cpp backend (bench/backends.py)")
     parser.add_argument("--n", type=int, default=8, help="completions per prompt (GRPO group size)")
     parser.add_argument("--prompts", type=int, default=2, help=f"prompts per round (at most {len(PROMPTS)})")
     parser.add_argument("--max-tokens", type=int, default=64, help="max new tokens per completion")
@@ -82,10 +84,17 @@ def run(args: argparse.Namespace) -> dict:
     from node_agents.backends.llamacpp import LlamaCppBackend
     from node_agents.models import resolve_gguf
 
+    texts = [_chat(p) for p in PROMPTS[: max(1, min(args.prompts, len(PROMPTS)))]]
+    if args.backend != "llamacpp":
+        from bench.backends import run_backends
+
+        result = run_backends(args, texts)
+        if args.json:
+            print(json.dumps(result))
+        return result
     model = resolve_gguf(args.model)
     threads = args.threads or os.cpu_count() or 1
     flash = args.flash_attn == "on"
-    texts = [_chat(p) for p in PROMPTS[: max(1, min(args.prompts, len(PROMPTS)))]]
 
     backend = LlamaCppBackend(model, n_ctx=args.n_ctx, n_threads=threads, max_group=args.n, flash_attn=flash)
     llm = llama_cpp.Llama(str(model), n_ctx=args.n_ctx, n_threads=threads, n_threads_batch=threads,

@@ -23,12 +23,14 @@ NODE_EXIT_GRACE_S = 10.0
 TARGET_REWARD = 0.8
 
 
-def node_command(learner_addr: str, data_dir: Path, threads: int, name: str, model: str) -> list[str]:
+def node_command(learner_addr: str, data_dir: Path, threads: int, name: str, model: str,
+                 backend: str | None = None) -> list[str]:
+    """``swarm-node join`` command line; ``backend`` ``None`` leaves the node's own choice (auto)."""
     return [
         sys.executable, "-m", "node_agents.cli", "join", "--learner", learner_addr,
         "--data-dir", str(data_dir), "--threads", str(threads), "--name", name,
         "--model", model, "--max-retries", "8",
-    ]
+    ] + (["--backend", backend] if backend else [])
 
 
 def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
@@ -46,9 +48,13 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
-def run_demo(cfg, n_nodes: int, run_dir: Path) -> int:
+def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None) -> int:
+    """``backends``: one node per entry with that backend (overrides ``n_nodes``); the learner
+    then holds back the first lease until all of them wait for work, so each one contributes."""
     from learner.loop import run_learner
 
+    if backends:
+        n_nodes = len(backends)
     if n_nodes < 1:
         raise ValueError("--nodes must be at least 1")
     run_dir = Path(run_dir)
@@ -60,17 +66,25 @@ def run_demo(cfg, n_nodes: int, run_dir: Path) -> int:
     node_model = cfg.model.name if cfg.model.name == "default" or cfg.model.name.endswith(".gguf") else "default"
     procs: list[subprocess.Popen] = []
     logs = []
+    services: list = []
+
+    def on_service(service) -> None:
+        services.append(service)
+        if backends:
+            service.min_waiting = len(backends)
     t0 = time.perf_counter()
     print(f"demo: learner + {n_nodes} swarm-node process(es) on 127.0.0.1; run dir {run_dir}", flush=True)
 
     async def main() -> list[dict]:
         async with trio.open_nursery() as nursery:
-            addrs = await nursery.start(lambda task_status: run_learner(cfg, run_dir, task_status=task_status))
+            addrs = await nursery.start(lambda task_status: run_learner(
+                cfg, run_dir, on_service=on_service, task_status=task_status))
             for i in range(n_nodes):
-                name = f"node-{i}"
+                backend = backends[i] if backends else None
+                name = f"node-{i}-{backend}" if backend else f"node-{i}"
                 log = open(run_dir / "nodes" / f"{name}.log", "w")
                 logs.append(log)
-                cmd = node_command(addrs[0], run_dir / "nodes" / name, node_threads, name, node_model)
+                cmd = node_command(addrs[0], run_dir / "nodes" / name, node_threads, name, node_model, backend)
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
             print(f"demo: started {n_nodes} node(s); their logs are in {run_dir / 'nodes'}", flush=True)
         return []
@@ -81,10 +95,10 @@ def run_demo(cfg, n_nodes: int, run_dir: Path) -> int:
         stop_processes(procs, NODE_EXIT_GRACE_S)
         for f in logs:
             f.close()
-    return summarise(run_dir, time.perf_counter() - t0)
+    return summarise(run_dir, time.perf_counter() - t0, services[0].node_backends() if services else None)
 
 
-def summarise(run_dir: Path, total_s: float) -> int:
+def summarise(run_dir: Path, total_s: float, node_backends: dict[str, str] | None = None) -> int:
     from learner.metrics import read_metrics
 
     rows = read_metrics(run_dir / "metrics.jsonl")
@@ -112,6 +126,13 @@ def summarise(run_dir: Path, total_s: float) -> int:
         "demo_wall_s": round(total_s, 1),
         "rollouts_per_node": per_node,
     }
+    if node_backends:
+        per_backend: dict[str, int] = {}
+        for peer, n in per_node.items():
+            b = node_backends.get(peer, "unknown")
+            per_backend[b] = per_backend.get(b, 0) + n
+        summary["node_backends"] = node_backends
+        summary["rollouts_per_backend"] = per_backend
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"demo: {len(rows)} steps in {rows[-1]['wall_s']:.0f}s of training ({total_s:.0f}s in all)")
     print(f"demo: mean reward first {k} steps {first:.3f} -> last {k} steps {last:.3f} ({last - first:+.3f})")
@@ -121,5 +142,7 @@ def summarise(run_dir: Path, total_s: float) -> int:
     else:
         print(f"demo: rolling mean never reached {TARGET_REWARD}")
     print("demo: rollouts per node: " + ", ".join(f"{p[-6:]}={n}" for p, n in per_node.items()))
+    if node_backends:
+        print("demo: rollouts per backend: " + ", ".join(f"{b}={n}" for b, n in summary["rollouts_per_backend"].items()))
     print(f"demo: outputs in {run_dir}: metrics.jsonl, reward.png, adapter/, checkpoints/, summary.json")
     return 0

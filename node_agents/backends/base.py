@@ -74,3 +74,21 @@ class Backend(Protocol):
         ``(params.seed, j)`` so a group is reproducible for the same adapter."""
 
     def close(self) -> None: ...
+
+
+def generate_in_chunks(backend, prompt_ids: list[int], n: int, params: SamplingParams) -> list[SampledCompletion]:
+    """The shared body of ``generate_group``: check the prompt against the backend's
+    ``n_ctx``/``n_vocab``, then, under its ``_lock``, decode ``n`` completions in chunks of
+    ``max_group`` with its ``_generate_chunk(prompt, first_index, count, params)``."""
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("empty prompt")
+    if len(prompt) >= backend.n_ctx:
+        raise ValueError(f"prompt of {len(prompt)} tokens does not fit n_ctx={backend.n_ctx}")
+    if min(prompt) < 0 or max(prompt) >= backend.n_vocab:
+        raise ValueError(f"prompt token ids must lie in [0, {backend.n_vocab})")
+    out: list[SampledCompletion] = []
+    with backend._lock:
+        for start in range(0, n, backend.max_group):
+            out.extend(backend._generate_chunk(prompt, start, min(backend.max_group, n - start), params))
+    return out

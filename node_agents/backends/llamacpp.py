@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from node_agents.backends.base import Capabilities, LoraAdapter, SampledCompletion, SamplingParams
+from node_agents.backends.base import Capabilities, LoraAdapter, SampledCompletion, SamplingParams, generate_in_chunks
 from node_agents.backends.sampling import sample_rows
 
 _GGML_TYPE_F32 = 0
@@ -152,17 +152,16 @@ class LlamaCppBackend:
     # ----------------------------------------------------------------- Backend API
 
     def capabilities(self) -> Capabilities:
-        cores = os.cpu_count() or 1
-        try:
-            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            memory = 0
+        from node_agents.hardware import detect
+
+        hw = detect()
         return Capabilities(
             backend=self.name,
-            device=f"cpu ({cores} cores)",
-            memory_bytes=int(memory),
-            tokens_per_s=0.0,
-            extra={"model": self.gguf_path.name, "n_ctx": str(self.n_ctx),
+            device=f"cpu ({hw.cores} cores)",
+            memory_bytes=int(hw.ram_bytes),
+            # set by node_agents.probe.probe_throughput at join (0 until measured)
+            tokens_per_s=float(getattr(self, "measured_tokens_per_s", 0.0)),
+            extra={**hw.extra(), "model": self.gguf_path.name, "n_ctx": str(self.n_ctx),
                    "max_group": str(self.max_group), "n_threads": str(self.n_threads)},
         )
 
@@ -196,16 +195,7 @@ class LlamaCppBackend:
             self._adapter_version = int(version)
 
     def generate_group(self, prompt_ids: list[int], n: int, params: SamplingParams) -> list[SampledCompletion]:
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise ValueError("empty prompt")
-        if len(prompt) >= self.n_ctx:
-            raise ValueError(f"prompt of {len(prompt)} tokens does not fit n_ctx={self.n_ctx}")
-        out: list[SampledCompletion] = []
-        with self._lock:
-            for start in range(0, n, self.max_group):
-                out.extend(self._generate_chunk(prompt, start, min(self.max_group, n - start), params))
-        return out
+        return generate_in_chunks(self, prompt_ids, n, params)
 
     def measure_throughput(self, prompt_ids: list[int], n: int = 8, max_tokens: int = 64) -> float:
         """Generated tokens per second of one group (temperature 1, EOG still ends a completion)."""

@@ -100,3 +100,21 @@ def _draw(weights: np.ndarray, total: float, u: float, top_p: float) -> int:
     keep = min(int(np.searchsorted(cum, target, side="left")) + 1, len(order))
     cdf = cum[:keep]
     return int(order[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), keep - 1)])
+
+
+def record_step(toks, lps, active: list[int], tokens: list[list[int]], logprobs: list[list[float]],
+                finish: list[str], eog: set[int] | frozenset[int], limit: int) -> tuple[list[int], list[int]]:
+    """Append one decoding step of a batch: row ``i`` of ``toks``/``lps`` belongs to completion
+    ``active[i]``. A completion that sampled an end-of-generation token is marked ``stop``.
+    Returns ``(keep_rows, still)``: the batch rows to keep decoding and their completion ids."""
+    keep_rows, still = [], []
+    for i, j in enumerate(active):
+        tok = int(toks[i])
+        tokens[j].append(tok)
+        logprobs[j].append(float(lps[i]))
+        if tok in eog:
+            finish[j] = "stop"
+        elif len(tokens[j]) < limit:
+            keep_rows.append(i)
+            still.append(j)
+    return keep_rows, still
