@@ -16,14 +16,24 @@ def default_data_dir() -> Path:
 class NodeConfig:
     #: Full multiaddr of the learner, including ``/p2p/<peer id>``.
     learner: str
-    #: Generation backend (``llamacpp``).
-    backend: str = "llamacpp"
-    #: Base model: ``default`` or a path to a GGUF file.
+    #: Generation backend: ``auto`` (torch on a CUDA GPU, ``mlx`` on Apple Silicon, else
+    #: ``llamacpp``), ``llamacpp``, ``torch`` or ``mlx``.
+    backend: str = "auto"
+    #: Base model: ``default``, a path to a GGUF file, or an HF directory (torch and mlx only);
+    #: each backend gets it in its own format, converted once and cached.
     model: str = "default"
+    #: torch device (``cuda``, ``cuda:1``, ``cpu``); empty = CUDA when available, else CPU.
+    device: str = ""
+    #: Weight dtype of torch/mlx (``float32``, ``bfloat16``, ``float16``); empty = bf16 (fp16 if
+    #: unsupported) on CUDA, fp32 on CPU and MLX.
+    dtype: str = ""
     #: Identity key and scratch files live here (same peer id across restarts).
     data_dir: Path = default_data_dir()
-    #: Multiaddr the node listens on.
+    #: Multiaddr the node listens on (other nodes dial it to relay adapter chunks).
     listen: str = "/ip4/127.0.0.1/tcp/0"
+    #: Upload bandwidth in Mbit/s told to the learner (faster nodes sit nearer the broadcast
+    #: tree's root); 0 = unknown.
+    upload_mbps: float = 0.0
     #: CPU threads for generation (0 = all cores).
     threads: int = 0
     #: Most prompt groups asked for in one lease.

@@ -354,6 +354,44 @@ class SwarmHost:
                 await _cleanup(stream, reset=not ok)
         return _unwrap(envelope, reply_type, peer_id, protocol_id)
 
+    # ------------------------------------------------------------------ raw streams
+
+    def set_stream_handler(self, protocol_id: str, handler: Callable[[Any, str], Awaitable[None]]) -> None:
+        """Serve ``protocol_id`` with a raw stream handler ``handler(stream, peer_id)`` (for
+        protocols that are not one request/one reply). The handler owns the stream."""
+        from libp2p.custom_types import TProtocol
+
+        async def stream_handler(stream: Any) -> None:
+            try:
+                peer = stream.muxed_conn.peer_id.to_base58()
+            except Exception:
+                peer = "?"
+            await handler(stream, peer)
+
+        self.libp2p_host.set_stream_handler(TProtocol(protocol_id), stream_handler)
+
+    async def open_stream(self, peer_id: str, protocol_id: str, timeout: float | None = None) -> Any:
+        """A raw ``protocol_id`` stream to a connected (or known) peer; the caller closes it.
+        Raises :class:`PeerUnreachable` or :class:`SwarmTimeout`."""
+        from libp2p.peer.id import ID
+
+        timeout = self.config.dial_timeout_s if timeout is None else timeout
+        try:
+            pid = ID.from_base58(peer_id)
+        except Exception as e:
+            raise PeerUnreachable(f"bad peer id {peer_id!r}: {e}") from e
+        try:
+            with trio.fail_after(timeout):
+                return await self._open_stream(pid, protocol_id)
+        except trio.TooSlowError as e:
+            if isinstance(e, SwarmTimeout):
+                raise
+            raise SwarmTimeout(f"opening a {protocol_id} stream to {peer_id} took over {timeout} s") from e
+
+    def private_key(self) -> Any:
+        """The host's libp2p identity private key (Ed25519), e.g. to sign manifests."""
+        return self.libp2p_host.get_private_key()
+
 
 def _unwrap(envelope: Any, reply_type: type[R], peer_id: str, protocol_id: str) -> R:
     """Validate a reply envelope and decode its body."""

@@ -12,6 +12,7 @@ Supported field types: ``int``, ``float``, ``str``, ``bool``, ``bytes``, ``list[
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -51,7 +52,7 @@ class Message:
     def from_wire(cls: type[M], data: Any) -> M:
         if not isinstance(data, dict):
             raise WireError(f"{cls.KIND}: expected a map, got {type(data).__name__}")
-        hints = typing.get_type_hints(cls)
+        hints = _type_hints(cls)
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             if f.name not in data:
@@ -63,6 +64,13 @@ class Message:
             _check_range(value, f.metadata, where)
             kwargs[f.name] = value
         return cls(**kwargs)
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints`` once per message class (it re-evaluates every annotation
+    string on each call, which dominated decoding small frequent messages)."""
+    return typing.get_type_hints(cls)
 
 
 def _encode(value: Any) -> Any:

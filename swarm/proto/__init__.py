@@ -13,3 +13,10 @@ HELLO = protocol_id("hello")
 WORK = protocol_id("work")
 ROLLOUTS = protocol_id("rollouts")
 ADAPTER = protocol_id("adapter")
+#: Adapter dissemination (``swarm.proto.dissem``): chunk push streams down the broadcast tree,
+#: chunk fetches between peers, node registration, manifest fetch and completion reports.
+DISSEM_PUSH = protocol_id("dissem-push")
+DISSEM_CHUNKS = protocol_id("dissem-chunks")
+DISSEM_JOIN = protocol_id("dissem-join")
+DISSEM_MANIFEST = protocol_id("dissem-manifest")
+DISSEM_HAVE = protocol_id("dissem-have")

@@ -1,0 +1,224 @@
+"""The learner's dissemination service: encode, sign and push every adapter version.
+
+``publish(adapter)`` encodes the version with the configured codec (optionally as a
+delta to the previous version *as the nodes decode it*), signs its manifest with the
+learner host's Ed25519 key, and queues it for broadcast down the current plan (tree or
+star, rebuilt whenever the membership changed). It returns the ``AdapterReply`` served to
+direct fetches: the decoded tensors, so a node that fetched directly holds exactly the
+weights every tree node decodes. In ``direct`` mode nothing is pushed.
+
+Membership: nodes register (``DISSEM_JOIN``) with the addresses peers can dial and their
+upload bandwidth; a node the broadcast cannot reach is dropped until it registers again.
+Nodes report each complete version (``DISSEM_HAVE``); those reports give the delivery
+times and tell late nodes (``DISSEM_MANIFEST``) which peers to fetch from.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from typing import Callable
+
+import trio
+
+from learner.config import DissemConfig
+from node_agents.backends.base import LoraAdapter
+from swarm.dissem.broadcast import BroadcastSettings, Disseminator
+from swarm.dissem.codec import CodecConfig
+from swarm.dissem.manifest import build_version, decode_version, sign_manifest
+from swarm.dissem.store import Assembly, ChunkStore
+from swarm.dissem.tree import Member, Plan, build_plan
+from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
+from swarm.proto.adapter import AdapterReply, encode_tensors
+from swarm.proto.adapter import decode_tensors as decode_blobs
+from swarm.proto.dissem import (
+    DissemJoin, DissemJoinAck, HaveAck, HaveVersion, Manifest, ManifestReply, ManifestRequest, PeerRef,
+)
+
+log = logging.getLogger("echo_swarm.learner")
+
+#: Versions kept for repair fetches and late nodes.
+KEEP_VERSIONS = 4
+#: Versions whose completion reports are kept.
+KEEP_REPORTS = 64
+#: Most holders named in a manifest reply.
+MAX_HOLDERS_REPLY = 32
+
+
+class LearnerDissem:
+    def __init__(self, host, cfg: DissemConfig, run_id: str) -> None:
+        self.host = host
+        self.cfg = cfg
+        self.run_id = run_id
+        self.codec = CodecConfig(cfg.codec, cfg.int8_block, cfg.zstd_level)
+        self.store = ChunkStore(host.peer_id, run_id, keep=KEEP_VERSIONS)
+        self.settings = BroadcastSettings(stall_timeout_s=cfg.stall_timeout_s)
+        self.dis = Disseminator(host, self.store, self.settings)
+        self.dis.on_unreachable = self.drop
+        self.members: dict[str, Member] = {}
+        #: version -> peer id -> its completion report.
+        self.have: dict[int, dict[str, HaveVersion]] = {}
+        #: version -> wall time its broadcast started.
+        self.started_at: dict[int, float] = {}
+        self._recon: tuple[int, dict] | None = None
+        self._plan: tuple[tuple, Plan] | None = None
+        self._send, self._recv = trio.open_memory_channel(math.inf)
+        self._nursery: trio.Nursery | None = None
+        #: Receives each submitted version's direct-fetch reply once it is encoded.
+        self.on_encoded: Callable[[AdapterReply], None] | None = None
+        #: Which peers may register (None: any); the learner admits nodes that said hello.
+        self.admit: Callable[[str], bool] | None = None
+        self._changed = trio.Event()
+
+    def register(self) -> None:
+        self.dis.register()
+        self.host.set_handler(DISSEM_JOIN, DissemJoin, self.on_join)
+        self.host.set_handler(DISSEM_MANIFEST, ManifestRequest, self.on_manifest)
+        self.host.set_handler(DISSEM_HAVE, HaveVersion, self.on_have)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # -- membership -------------------------------------------------------------------------
+    async def on_join(self, msg: DissemJoin, peer_id: str) -> DissemJoinAck:
+        if self.admit is not None and not self.admit(peer_id):
+            log.warning("dissem: refused registration of %s: it has not said hello", peer_id[-6:])
+            raise PermissionError("say hello first")
+        member = Member(peer_id, msg.upload_bps, tuple(msg.addrs))
+        if self.members.get(peer_id) != member:
+            log.info("dissem: %s registered (%d addrs, %.1f Mbit/s up)", peer_id[-6:], len(msg.addrs),
+                     msg.upload_bps * 8e-6)
+        self.members[peer_id] = member
+        self._notify()
+        current = max(self.have, default=-1)
+        return DissemJoinAck(self.cfg.mode, self.cfg.stall_timeout_s, self.cfg.node_wait_s, current)
+
+    def drop(self, peer_id: str) -> None:
+        if self.members.pop(peer_id, None) is not None:
+            log.warning("dissem: dropped unreachable node %s from the broadcast plan", peer_id[-6:])
+
+    def plan(self, members: list[Member]) -> Plan:
+        """The broadcast plan for ``members``, rebuilt only when they changed."""
+        key = (tuple(sorted((m.peer_id, m.upload_bps) for m in members)), self.cfg.mode,
+               self.cfg.fan_out, self.cfg.stripes)
+        if self._plan is None or self._plan[0] != key:
+            plan = build_plan(members, self.cfg.mode, self.cfg.fan_out, self.cfg.stripes)
+            log.info("dissem: %s plan over %d node(s): %d stripe(s), depth %d",
+                     plan.mode, len(members), plan.stripes, plan.depth())
+            self._plan = (key, plan)
+        return self._plan[1]
+
+    # -- publishing -------------------------------------------------------------------------
+    def encode(self, adapter: LoraAdapter) -> tuple[Manifest, list[bytes], dict]:
+        """Encode and sign one version (CPU work: run it in a thread)."""
+        base = None
+        if self.cfg.delta and self._recon is not None and self._recon[0] < adapter.version:
+            base = self._recon
+        manifest, chunks = build_version(
+            run_id=self.run_id, version=adapter.version, rank=adapter.rank, alpha=adapter.alpha,
+            target_modules=list(adapter.target_modules), tensors=adapter.tensors, codec=self.codec,
+            chunk_bytes=self.cfg.chunk_bytes, signer=self.host.peer_id,
+            base=base[1] if base else None, base_version=base[0] if base else -1,
+        )
+        sign_manifest(manifest, self.host.private_key())
+        recon = decode_version(manifest, b"".join(chunks), base[1] if base else None)
+        return manifest, chunks, recon
+
+    async def publish(self, adapter: LoraAdapter, members: list[str] | None = None) -> AdapterReply:
+        """Encode, sign and start broadcasting ``adapter`` to ``members`` (default: all
+        registered nodes). Needs :meth:`run` to be running. Returns the direct-fetch reply."""
+        if self.cfg.mode == "direct":
+            return _reply(adapter, adapter.tensors)
+        if self._nursery is None:
+            raise RuntimeError("LearnerDissem.run is not running")
+        manifest, chunks, recon = await trio.to_thread.run_sync(self.encode, adapter)
+        self._recon = (adapter.version, recon)
+        asm = self.store.add(Assembly(manifest, chunks))
+        self.have.setdefault(adapter.version, {})
+        for v in sorted(self.have)[:-KEEP_REPORTS]:
+            del self.have[v]
+            self.started_at.pop(v, None)
+        chosen = [self.members[p] for p in (members if members is not None else list(self.members))
+                  if p in self.members]
+        holders = [PeerRef(m.peer_id, list(m.addrs)) for m in chosen]
+        self.started_at[asm.version] = time.time()
+        self._nursery.start_soon(self.dis.broadcast, asm, self.plan(chosen), holders)
+        return _reply(adapter, recon)
+
+    def submit(self, reply: AdapterReply) -> None:
+        """Queue a version the learner service just published (encoded and pushed by :meth:`run`)."""
+        if self.cfg.mode == "direct":
+            return
+        self._send.send_nowait(reply)
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Encode and broadcast submitted versions in order (broadcasts may overlap)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            async for reply in self._recv:
+                adapter = LoraAdapter(version=reply.version, rank=reply.rank, alpha=reply.alpha,
+                                      target_modules=list(reply.target_modules),
+                                      tensors=decode_blobs(reply.tensors))
+                decoded = await self.publish(adapter)
+                if self.on_encoded is not None:
+                    self.on_encoded(decoded)
+
+    # -- reports ---------------------------------------------------------------------------
+    async def on_have(self, msg: HaveVersion, peer_id: str) -> HaveAck:
+        if self.store.get(msg.version) is None and msg.version not in self.have:
+            return HaveAck(ok=False)
+        self.have.setdefault(msg.version, {})[peer_id] = msg
+        self._notify()
+        return HaveAck(ok=True)
+
+    async def on_manifest(self, msg: ManifestRequest, peer_id: str) -> ManifestReply:
+        asm = self.store.get(msg.version)
+        if asm is None:
+            return ManifestReply(None, [])
+        done = [p for p in self.have.get(msg.version, {}) if p != peer_id and p in self.members]
+        random.shuffle(done)
+        others = [p for p in self.members if p != peer_id and p not in done]
+        holders = [PeerRef(p, list(self.members[p].addrs)) for p in (done + others)[:MAX_HOLDERS_REPLY]]
+        return ManifestReply(asm.manifest, holders)
+
+    async def wait_members(self, n: int, timeout_s: float) -> bool:
+        """Wait until at least ``n`` nodes are registered; False on timeout."""
+        with trio.move_on_after(timeout_s):
+            while len(self.members) < n:
+                await self._changed.wait()
+            return True
+        return False
+
+    async def wait_have(self, version: int, peers: list[str], timeout_s: float) -> bool:
+        """Wait until every peer in ``peers`` reported ``version``; False on timeout."""
+        with trio.move_on_after(timeout_s):
+            while not set(peers) <= set(self.have.get(version, {})):
+                await self._changed.wait()
+            return True
+        return False
+
+
+def _reply(adapter: LoraAdapter, tensors: dict) -> AdapterReply:
+    return AdapterReply(version=adapter.version, rank=adapter.rank, alpha=adapter.alpha,
+                        target_modules=list(adapter.target_modules), tensors=encode_tensors(tensors, "float32"))
+
+
+async def start_learner_dissem(nursery: trio.Nursery, host, cfg: DissemConfig, service) -> LearnerDissem:
+    """Start the dissemination service beside a :class:`~learner.service.LearnerService`:
+    versions the service publishes are pushed, and its direct-fetch replies are replaced
+    by the decoded tensors every pushed node holds (bit-identical on both paths)."""
+    dissem = LearnerDissem(host, cfg, service.run_id)
+    dissem.register()
+
+    def on_encoded(reply: AdapterReply) -> None:
+        if reply.version in service.adapters:
+            service.adapters[reply.version] = reply
+
+    dissem.on_encoded = on_encoded
+    dissem.admit = lambda peer: peer in service.nodes
+    await nursery.start(dissem.run)
+    return dissem

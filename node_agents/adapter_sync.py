@@ -1,0 +1,151 @@
+"""The node's side of adapter dissemination: receive, verify, relay, decode.
+
+:class:`AdapterSync` registers the push and chunk-serving protocols on the node's host
+(so the learner and other nodes can dial it), tells the learner where it can be reached
+(``DISSEM_JOIN``), relays pushed chunks to its children, repairs what its parents fail
+to deliver, and reports every complete version to the learner.
+
+The agent asks :meth:`AdapterSync.adapter` for the version a lease requires, between
+groups, so a new version is switched in atomically. The version is taken from the local
+store if it was pushed; a version published before this node joined, or one that has not
+started to arrive within ``stall_timeout_s``, is fetched from peers that hold it (the
+learner last). ``None`` means the push path could not deliver: the agent then falls back
+to the direct fetch from the learner (``adapter`` protocol).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from node_agents.backends.base import LoraAdapter
+from swarm.dissem.broadcast import Disseminator
+from swarm.dissem.codec import CodecError
+from swarm.dissem.manifest import ManifestError, decode_version
+from swarm.dissem.store import Assembly, ChunkStore
+from swarm.errors import SwarmError
+from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
+from swarm.proto.dissem import DissemJoin, DissemJoinAck, HaveAck, HaveVersion, ManifestReply, ManifestRequest
+from swarm.wire import WireError
+
+log = logging.getLogger("echo_swarm.node")
+
+#: Decoded versions kept as delta bases.
+KEEP_DECODED = 2
+#: Deadline (s) of the small control requests to the learner.
+CONTROL_TIMEOUT_S = 10.0
+
+
+class AdapterSync:
+    def __init__(self, host, learner_peer: str, upload_bps: float = 0.0) -> None:
+        self.host = host
+        self.learner_peer = learner_peer
+        self.upload_bps = upload_bps
+        self.store = ChunkStore(learner_peer, run_id=None)
+        self.dis = Disseminator(host, self.store, on_complete=self._report)
+        self.mode = "direct"
+        self.wait_s = 30.0
+        self.joined_version = -1
+        self.decoded: dict[int, dict] = {}
+        self._registered = False
+
+    def register(self) -> None:
+        if not self._registered:
+            self.dis.register()
+            self._registered = True
+
+    async def join(self, run_id: str) -> None:
+        """Register with the learner's dissemination service (after every hello)."""
+        self.register()
+        if self.store.run_id != run_id:  # a new run: versions of the old one mean nothing
+            self.store = ChunkStore(self.learner_peer, run_id=run_id)
+            self.dis.store = self.store
+            self.decoded.clear()
+        ack = await self._register()
+        if ack is None:
+            log.warning("dissem join failed; adapters come by direct fetch")
+            self.mode = "direct"
+            return
+        self.mode = ack.mode
+        self.wait_s = ack.node_wait_s
+        self.joined_version = ack.current_version
+        self.dis.settings.stall_timeout_s = ack.stall_timeout_s
+        log.info("dissem: joined (mode %s, current v%d)", ack.mode, ack.current_version)
+
+    async def _register(self) -> DissemJoinAck | None:
+        try:
+            return await self.host.request(self.learner_peer, DISSEM_JOIN,
+                                           DissemJoin(self.host.addrs, self.upload_bps), DissemJoinAck,
+                                           timeout=CONTROL_TIMEOUT_S)
+        except (SwarmError, WireError) as e:
+            log.warning("dissem registration failed: %s", e)
+            return None
+
+    async def _report(self, asm: Assembly) -> None:
+        msg = HaveVersion(asm.version, asm.completed_at, asm.pushed, asm.repaired, asm.rejected)
+        log.info("dissem: v%d complete (%d pushed, %d repaired, %d rejected chunks)",
+                 asm.version, asm.pushed, asm.repaired, asm.rejected)
+        try:
+            await self.host.request(self.learner_peer, DISSEM_HAVE, msg, HaveAck, timeout=CONTROL_TIMEOUT_S)
+        except (SwarmError, WireError) as e:
+            log.info("dissem: could not report v%d: %s", asm.version, e)
+
+    async def _fetch_missing(self, version: int) -> Assembly | None:
+        """Ask the learner for the manifest and fetch the chunks from holders."""
+        try:
+            reply = await self.host.request(self.learner_peer, DISSEM_MANIFEST, ManifestRequest(version),
+                                            ManifestReply, timeout=CONTROL_TIMEOUT_S)
+            if reply.manifest is None:
+                return None
+            asm = self.store.accept(reply.manifest)
+        except (SwarmError, WireError, ManifestError) as e:
+            log.warning("dissem: no manifest for v%d: %s", version, e)
+            return None
+        if not asm.complete.is_set():
+            await self.dis.fetch(asm, reply.holders)
+        return asm
+
+    async def assembly(self, version: int) -> Assembly | None:
+        """The complete, verified chunks of ``version``, or None."""
+        asm = self.store.get(version)
+        if asm is None and version > self.joined_version:
+            with trio.move_on_after(self.dis.settings.stall_timeout_s):
+                asm = await self.store.wait_version(version)
+        with trio.move_on_after(self.wait_s):
+            if asm is None:
+                if version > self.joined_version:
+                    # Not pushed to us: the learner may have dropped us from its plan.
+                    await self._register()
+                asm = await self._fetch_missing(version)
+            if asm is not None:
+                await asm.complete.wait()
+        return asm if asm is not None and asm.complete.is_set() else None
+
+    async def adapter(self, version: int) -> LoraAdapter | None:
+        """The decoded adapter ``version`` via the push path, or None (fall back)."""
+        if self.mode == "direct":
+            return None
+        asm = await self.assembly(version)
+        if asm is None:
+            log.warning("dissem: v%d did not arrive through the swarm", version)
+            return None
+        m = asm.manifest
+        base = self.decoded.get(m.base_version) if m.base_version >= 0 else None
+        if m.base_version >= 0 and base is None:
+            log.warning("dissem: v%d is a delta of v%d, which this node never decoded", version, m.base_version)
+            return None
+        try:
+            tensors = await trio.to_thread.run_sync(decode_version, m, asm.payload(), base)
+        except CodecError as e:
+            log.warning("dissem: v%d does not decode: %s", version, e)
+            return None
+        self.remember(version, tensors)
+        return LoraAdapter(version=version, rank=m.rank, alpha=m.alpha,
+                           target_modules=list(m.target_modules), tensors=tensors)
+
+    def remember(self, version: int, tensors: dict) -> None:
+        """Keep decoded tensors as a base for later deltas (also after a direct fetch)."""
+        self.decoded[version] = tensors
+        for v in sorted(self.decoded)[:-KEEP_DECODED]:
+            del self.decoded[v]

@@ -1,0 +1,165 @@
+"""A light dissemination-only process: the real dissemination code on a real libp2p host,
+without a generation backend. ``swarm-bench broadcast`` runs one per emulated host (a
+``swarm-node`` would also load llama.cpp, which the broadcast never touches), and the
+relay-failure tests kill them.
+
+    python -m swarm.dissem.relay_node node --learner ADDR --run-id R --data-dir D [--listen A]
+    python -m swarm.dissem.relay_node learner --nodes N --trials T.json --out R.jsonl [...]
+
+A node prints ``peer <id>`` once registered and serves until killed or until its stdin
+closes. The learner waits for ``--nodes`` registrations, then runs each trial of the
+trials file (``{"mode", "n", "rank", "codec", ...}``): it publishes a fresh random
+adapter of the SmolLM2-135M LoRA shape at that rank to the first ``n`` registered nodes
+and writes one JSON line per trial: time from the start of the push until the last of
+them verified the last chunk (``completed_at`` is wall-clock time on the same machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+#: SmolLM2-135M dimensions (the embedded default model): layers, hidden, ffn, kv width.
+DEFAULT_DIMS = (30, 576, 1536, 192)
+
+
+def lora_tensors(rank: int, dims=DEFAULT_DIMS, seed: int = 0, b_std: float = 2e-3) -> dict:
+    """Random LoRA tensors of the real shapes (A ~ N(0, 1/fan_in), B ~ N(0, b_std))."""
+    import numpy as np
+
+    layers, hidden, ffn, kv = dims
+    shapes = {"self_attn.q_proj": (hidden, hidden), "self_attn.k_proj": (hidden, kv),
+              "self_attn.v_proj": (hidden, kv), "self_attn.o_proj": (hidden, hidden),
+              "mlp.gate_proj": (hidden, ffn), "mlp.up_proj": (hidden, ffn), "mlp.down_proj": (ffn, hidden)}
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in range(layers):
+        for module, (fan_in, fan_out) in shapes.items():
+            stem = f"base_model.model.model.layers.{i}.{module}"
+            out[f"{stem}.lora_A.weight"] = (rng.standard_normal((rank, fan_in)) / np.sqrt(fan_in)).astype(np.float32)
+            out[f"{stem}.lora_B.weight"] = (rng.standard_normal((fan_out, rank)) * b_std).astype(np.float32)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="relay_node", description=__doc__.strip().splitlines()[0])
+    sub = p.add_subparsers(dest="role", required=True)
+    n = sub.add_parser("node")
+    n.add_argument("--learner", required=True)
+    n.add_argument("--run-id", required=True)
+    n.add_argument("--data-dir", type=Path, required=True)
+    n.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
+    n.add_argument("--upload-mbps", type=float, default=0.0)
+    n.add_argument("--send-delay-ms", type=float, default=0.0, help="pause before each relayed chunk")
+    lr = sub.add_parser("learner")
+    lr.add_argument("--nodes", type=int, required=True, help="registrations to wait for")
+    lr.add_argument("--trials", type=Path, required=True)
+    lr.add_argument("--out", type=Path, required=True)
+    lr.add_argument("--run-id", default="bench")
+    lr.add_argument("--data-dir", type=Path, required=True)
+    lr.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
+    lr.add_argument("--addr-file", type=Path, help="write the learner's multiaddr here")
+    lr.add_argument("--join-timeout", type=float, default=120.0)
+    lr.add_argument("--trial-timeout", type=float, default=300.0)
+    for q in (n, lr):
+        q.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+async def run_node(args) -> None:
+    import trio
+
+    from node_agents.adapter_sync import AdapterSync
+    from swarm.host import open_host
+
+    async with open_host(args.data_dir, listen_addr=args.listen) as host:
+        learner = await host.connect(args.learner)
+        sync = AdapterSync(host, learner, upload_bps=args.upload_mbps * 125_000)
+        sync.dis.settings.send_delay_s = args.send_delay_ms / 1000
+        await sync.join(args.run_id)
+        print(f"peer {host.peer_id}", flush=True)
+        # Serve until stdin closes (the parent went away) or we are killed.
+        await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+
+
+async def run_learner(args) -> None:
+    import trio
+
+    from learner.config import DissemConfig
+    from learner.dissem import LearnerDissem
+    from node_agents.backends.base import LoraAdapter
+    from swarm.host import open_host
+
+    trials = json.loads(args.trials.read_text())
+    async with open_host(args.data_dir, listen_addr=args.listen) as host:
+        dissem = LearnerDissem(host, DissemConfig(), args.run_id)
+        dissem.register()
+        if args.addr_file:
+            args.addr_file.write_text(host.addrs[0])
+        print(f"learner {host.addrs[0]}", flush=True)
+        if not await dissem.wait_members(args.nodes, args.join_timeout):
+            raise SystemExit(f"only {len(dissem.members)} of {args.nodes} nodes registered")
+        order = sorted(dissem.members)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(dissem.run)
+            with open(args.out, "a") as out:
+                for version, trial in enumerate(trials, start=1):
+                    row = await one_trial(dissem, order, version, trial, args.trial_timeout, LoraAdapter, DissemConfig)
+                    out.write(json.dumps(row) + "\n")
+                    out.flush()
+                    print(json.dumps(row), flush=True)
+            nursery.cancel_scope.cancel()
+
+
+async def one_trial(dissem, order, version, trial, timeout, LoraAdapter, DissemConfig) -> dict:
+    import trio
+
+    settings = {k: v for k, v in trial.items() if k in DissemConfig.__dataclass_fields__}
+    dissem.cfg = DissemConfig(**settings)
+    from swarm.dissem.codec import CodecConfig
+
+    dissem.codec = CodecConfig(dissem.cfg.codec, dissem.cfg.int8_block, dissem.cfg.zstd_level)
+    rank = int(trial.get("rank", 8))
+    tensors = await trio.to_thread.run_sync(lambda: lora_tensors(rank, seed=version))
+    adapter = LoraAdapter(version=version, rank=rank, alpha=2.0 * rank, target_modules=[], tensors=tensors)
+    members = order[: int(trial["n"])]
+    t_enc = time.perf_counter()
+    await dissem.publish(adapter, members)
+    encode_s = time.perf_counter() - t_enc
+    ok = await dissem.wait_have(version, members, timeout)
+    reports = dissem.have.get(version, {})
+    asm = dissem.store.get(version)
+    done = [reports[p].completed_at for p in members if p in reports]
+    start = dissem.started_at[version]
+    return {
+        **trial, "version": version, "ok": ok, "nodes_done": len(done), "encode_s": round(encode_s, 3),
+        "params": sum(t.size for t in tensors.values()), "wire_bytes": asm.manifest.total_bytes,
+        "raw_bytes": asm.manifest.raw_bytes, "chunks": len(asm.chunks),
+        "depth": dissem.plan([dissem.members[p] for p in members]).depth(),
+        "time_s": round(max(done) - start, 4) if done else None,
+        "first_s": round(min(done) - start, 4) if done else None,
+        "repaired": sum(r.repaired for r in reports.values()),
+        "rejected": sum(r.rejected for r in reports.values()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    import trio
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        trio.run(run_node if args.role == "node" else run_learner, args)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Chunks of adapter versions held by one peer (a node, or the learner that made them).
+
+An :class:`Assembly` gathers one version's chunks. Its manifest was verified before the
+assembly exists (:meth:`ChunkStore.accept`), and every chunk is checked against the
+manifest's SHA-256 on arrival, so whatever a relay sends, only the learner's bytes are
+kept and forwarded. ``order`` lists the chunk indices in arrival order: relays forward
+from it, so a chunk fetched by repair flows on down the tree like a pushed one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import trio
+
+from swarm.dissem.manifest import ManifestError, canonical_bytes, chunk_ok, verify_manifest
+from swarm.proto.dissem import Manifest
+
+log = logging.getLogger(__name__)
+
+
+class Assembly:
+    def __init__(self, manifest: Manifest, chunks: list[bytes] | None = None) -> None:
+        self.manifest = manifest
+        n = len(manifest.chunk_hashes)
+        self.chunks: list[bytes | None] = list(chunks) if chunks is not None else [None] * n
+        if len(self.chunks) != n:
+            raise ValueError(f"{len(self.chunks)} chunks for a manifest of {n}")
+        self.order: list[int] = [i for i, c in enumerate(self.chunks) if c is not None]
+        self.complete = trio.Event()
+        self._changed = trio.Event()
+        #: Chunks that came down push streams / through repair fetches / were rejected.
+        self.pushed = 0
+        self.repaired = 0
+        self.rejected = 0
+        self.completed_at = 0.0
+        self.last_progress = trio.current_time()
+        #: Peers that sent a chunk failing its hash: never asked again for this version.
+        self.bad_peers: set[str] = set()
+        #: Chunks to repair: ``(stripe, stripes)`` pairs whose push stream failed, or all.
+        self._failed: set[tuple[int, int]] = set()
+        self._failed_all = False
+        self.repair_idle_rounds = 0
+        #: Whether completion was already reported (a late stream must not report it again).
+        self.reported = False
+        if len(self.order) == n:
+            self._finish()
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    def missing(self, stripe: int | None = None, stripes: int = 1) -> list[int]:
+        return [i for i, c in enumerate(self.chunks) if c is None and (stripe is None or i % stripes == stripe)]
+
+    def has(self, index: int) -> bool:
+        return 0 <= index < len(self.chunks) and self.chunks[index] is not None
+
+    def add(self, index: int, data: bytes, *, source: str, repaired: bool = False) -> bool:
+        """Store chunk ``index`` if it matches the manifest. Returns False (and logs) for a
+        bad chunk; a duplicate of a held chunk is ignored (True)."""
+        if self.has(index):
+            return True
+        if not chunk_ok(self.manifest, index, data):
+            self.rejected += 1
+            log.warning("rejected chunk %d of v%d from %s: size or SHA-256 does not match the manifest",
+                        index, self.version, source[-8:])
+            return False
+        self.chunks[index] = bytes(data)
+        self.order.append(index)
+        if repaired:
+            self.repaired += 1
+        else:
+            self.pushed += 1
+        self.last_progress = trio.current_time()
+        self._poke()
+        if len(self.order) == len(self.chunks):
+            self._finish()
+        return True
+
+    def _finish(self) -> None:
+        self.completed_at = time.time()
+        self.complete.set()
+        self._changed.set()
+
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def fail_stripe(self, stripe: int, stripes: int, parent: str = "") -> None:
+        """The push stream of this stripe ended early: its missing chunks need repair."""
+        self._failed.add((stripe, stripes))
+        self._poke()
+
+    def fail_all(self) -> None:
+        """Every missing chunk needs repair (no progress, or no push stream at all)."""
+        if not self._failed_all:
+            self._failed_all = True
+            self._poke()
+
+    def failed_missing(self) -> list[int]:
+        """Missing chunks that repair should fetch now."""
+        if self._failed_all:
+            return self.missing()
+        return [i for i in self.missing() if any(i % n == s for s, n in self._failed)]
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    def payload(self) -> bytes:
+        if not self.complete.is_set():
+            raise RuntimeError(f"v{self.version} is not complete")
+        return b"".join(self.chunks)  # type: ignore[arg-type]
+
+
+class ChunkStore:
+    """Versions held by one peer; keeps the newest ``keep`` of them."""
+
+    def __init__(self, learner_peer_id: str, run_id: str | None = None, keep: int = 4) -> None:
+        self.learner_peer_id = learner_peer_id
+        self.run_id = run_id
+        self.keep = keep
+        self.versions: dict[int, Assembly] = {}
+        self._new_version = trio.Event()
+
+    def accept(self, manifest: Manifest) -> Assembly:
+        """The assembly of a verified ``manifest``: raises :class:`ManifestError` for a
+        forged or altered manifest, or one that contradicts the manifest already held."""
+        held = self.versions.get(manifest.version)
+        if held is not None:
+            if canonical_bytes(held.manifest) != canonical_bytes(manifest):
+                raise ManifestError(f"a different manifest for v{manifest.version} is already held")
+            return held
+        verify_manifest(manifest, self.learner_peer_id, self.run_id)
+        return self.add(Assembly(manifest))
+
+    def add(self, assembly: Assembly) -> Assembly:
+        self.versions[assembly.version] = assembly
+        for v in sorted(self.versions)[:-self.keep]:
+            del self.versions[v]
+        self._new_version.set()
+        self._new_version = trio.Event()
+        return assembly
+
+    def get(self, version: int) -> Assembly | None:
+        return self.versions.get(version)
+
+    async def wait_version(self, version: int) -> Assembly:
+        while version not in self.versions:
+            await self._new_version.wait()
+        return self.versions[version]

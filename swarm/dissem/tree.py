@@ -1,0 +1,125 @@
+"""Broadcast plans: who sends which chunks to whom. Pure functions over a membership snapshot.
+
+``tree`` mode builds ``stripes`` trees over the same nodes (SplitStream-style striping):
+chunk ``i`` travels down tree ``i % stripes``. In every tree a node relays to at most
+``fan_out`` children, and the learner feeds ``max(1, fan_out // stripes)`` roots per
+tree. With ``stripes == fan_out`` (the default) a node is an interior (relaying) node in
+about one tree only, so it uploads about one copy of the adapter in all, the same as it
+downloads, and no link carries more than the adapter's size: delivery to all N nodes takes
+about ``M / W`` plus a start-up of ``depth * fan_out * chunk / W`` (depth ~ log_k N).
+With ``stripes == 1`` it is one plain k-ary tree, in which a relay uploads k copies.
+
+Placement: nodes are ordered by upload bandwidth (fastest first, unknown last, ties by
+peer id so the plan is deterministic); tree ``s`` takes its interior nodes from every
+``stripes``-th node of that order starting at ``s``, fastest first, so nodes with more
+upload bandwidth sit nearer the root. Any change of membership (a node joins, leaves or
+reports another bandwidth) gives another plan; the learner rebuilds it before each push.
+
+``star`` mode: the learner sends the whole adapter to every node itself (one stripe, no
+relays), the baseline a tree is compared with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+MODES = ("tree", "star")
+
+
+@dataclass(frozen=True)
+class Member:
+    peer_id: str
+    #: Upload bandwidth, bytes/s (0 = unknown).
+    upload_bps: float = 0.0
+    addrs: tuple[str, ...] = ()
+
+
+@dataclass
+class TreeNode:
+    peer_id: str
+    children: list[TreeNode] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    mode: str
+    stripes: int
+    #: ``roots[s]``: the nodes the learner sends stripe ``s`` to, with their subtrees.
+    roots: list[list[TreeNode]]
+
+    def nodes(self) -> set[str]:
+        out: set[str] = set()
+        for trees in self.roots:
+            for t in trees:
+                out |= {n.peer_id for n in walk(t)}
+        return out
+
+    def depth(self) -> int:
+        """Longest learner -> node path in hops (0 for an empty plan)."""
+        return max((_depth(t) for trees in self.roots for t in trees), default=0)
+
+    def uploads(self) -> dict[str, float]:
+        """Copies of the adapter each sender uploads (the learner is ``""``)."""
+        out: dict[str, float] = {"": 0.0}
+        for trees in self.roots:
+            out[""] += len(trees) / self.stripes
+            for t in trees:
+                for n in walk(t):
+                    out[n.peer_id] = out.get(n.peer_id, 0.0) + len(n.children) / self.stripes
+        return out
+
+
+def walk(node: TreeNode) -> Iterable[TreeNode]:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(n.children))
+
+
+def _depth(node: TreeNode) -> int:
+    return 1 + max((_depth(c) for c in node.children), default=0)
+
+
+def bandwidth_order(members: Iterable[Member]) -> list[Member]:
+    """Fastest upload first; unknown (0) last; ties broken by peer id."""
+    return sorted(members, key=lambda m: (-m.upload_bps, m.peer_id))
+
+
+def heap_tree(order: list[str], fan_out: int, root_children: int) -> list[TreeNode]:
+    """The learner's children of one tree: position ``p < root_children`` is a root; the
+    children of position ``p`` are positions ``root_children + p*fan_out ...`` (+fan_out)."""
+    nodes = [TreeNode(pid) for pid in order]
+    for p, node in enumerate(nodes):
+        first = root_children + p * fan_out
+        node.children = nodes[first: first + fan_out]
+    return nodes[:root_children]
+
+
+def build_plan(members: Iterable[Member], mode: str = "tree", fan_out: int = 2, stripes: int = 0) -> Plan:
+    """The broadcast plan for ``members``. ``stripes = 0`` means ``fan_out`` stripes."""
+    if mode not in MODES:
+        raise ValueError(f"unknown broadcast mode {mode!r}; known: {MODES}")
+    if fan_out < 1:
+        raise ValueError(f"fan_out must be at least 1, got {fan_out}")
+    order = [m.peer_id for m in bandwidth_order(members)]
+    if len(set(order)) != len(order):
+        raise ValueError("duplicate peer ids in the membership")
+    if mode == "star":
+        return Plan("star", 1, [[TreeNode(p) for p in order]])
+    stripes = stripes or fan_out
+    if stripes < 1:
+        raise ValueError(f"stripes must be at least 1, got {stripes}")
+    stripes = min(stripes, max(1, len(order)))
+    root_children = max(1, fan_out // stripes)
+    roots = []
+    for s in range(stripes):
+        interior = order[s::stripes]
+        rest = [p for p in order if p not in set(interior)]
+        roots.append(heap_tree(interior + rest, fan_out, root_children) if order else [])
+    return Plan("tree", stripes, roots)
+
+
+def stripe_of(index: int, stripes: int) -> int:
+    return index % stripes

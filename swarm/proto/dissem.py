@@ -1,0 +1,169 @@
+"""Adapter dissemination messages (see ``docs/architecture.md``, "Adapter dissemination").
+
+Push streams (``DISSEM_PUSH``) are not request/response: the sender writes one
+:class:`PushHeader` frame, then one :class:`ChunkFrame` per chunk of its stripe, then
+closes the stream. Everything else is one request and one reply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from swarm.wire import Message, bounded, bounded_default
+
+#: Most tensors in one manifest and most chunks of one version.
+MAX_TENSORS = 100_000
+MAX_CHUNKS = 1_000_000
+
+
+@dataclass
+class TensorSpec(Message):
+    KIND = "tensor_spec"
+    #: peft state-dict name.
+    name: str
+    shape: list[int]
+
+
+@dataclass
+class Manifest(Message):
+    """Everything a node needs to check and decode one adapter version. Signed by the
+    learner's libp2p Ed25519 key over :func:`swarm.dissem.manifest.canonical_bytes`."""
+
+    KIND = "manifest"
+    #: Run the version belongs to (a manifest of another run is never accepted).
+    run_id: str
+    version: int = bounded(min=0)
+    #: -1: full encoding; otherwise the version whose decoded tensors this one is a delta of.
+    base_version: int = bounded(min=-1)
+    #: ``fp32``, ``fp16`` or ``int8`` (see ``swarm.dissem.codec``), then zstd.
+    codec: str
+    #: Values per int8 block (ignored by the other codecs).
+    block_size: int = bounded(min=1, max=1 << 20)
+    #: LoRA rank and alpha, HF target module names.
+    rank: int = bounded(min=1, max=4096)
+    alpha: float = bounded(min=0.0)
+    target_modules: list[str]
+    #: Tensors in payload order.
+    tensors: list[TensorSpec] = bounded(max_items=MAX_TENSORS)
+    #: Payload size before zstd, bytes.
+    raw_bytes: int = bounded(min=0)
+    #: Payload size after zstd (what travels), bytes.
+    total_bytes: int = bounded(min=0)
+    #: Chunk size; the last chunk may be shorter.
+    chunk_bytes: int = bounded(min=1)
+    #: SHA-256 of every chunk, in order.
+    chunk_hashes: list[bytes] = bounded(max_items=MAX_CHUNKS)
+    #: Base58 peer id of the learner that signed it.
+    signer: str
+    #: Ed25519 signature (empty while unsigned).
+    signature: bytes = b""
+
+
+@dataclass
+class PeerRef(Message):
+    KIND = "peer_ref"
+    peer_id: str
+    #: Multiaddrs (each ending in ``/p2p/<peer id>``) the peer can be dialled on.
+    addrs: list[str] = bounded(max_items=16)
+
+
+@dataclass
+class Subtree(Message):
+    """A node and the nodes it relays to (for one stripe)."""
+
+    KIND = "subtree"
+    peer: PeerRef
+    children: list[Subtree] = field(default_factory=list)
+
+
+@dataclass
+class PushHeader(Message):
+    KIND = "push_header"
+    manifest: Manifest
+    #: This stream carries the chunks ``i`` with ``i % stripes == stripe``.
+    stripe: int = bounded(min=0)
+    stripes: int = bounded(min=1, max=1024)
+    #: Whom the receiver relays this stripe to.
+    children: list[Subtree] = field(default_factory=list)
+    #: Peers that will hold the version: where missing chunks may be fetched from.
+    holders: list[PeerRef] = field(default_factory=list)
+
+
+@dataclass
+class ChunkFrame(Message):
+    KIND = "chunk"
+    index: int = bounded(min=0)
+    data: bytes = b""
+
+
+@dataclass
+class DissemJoin(Message):
+    """A node announces where it can be dialled and its upload bandwidth."""
+
+    KIND = "dissem_join"
+    addrs: list[str] = bounded(max_items=16)
+    #: Upload bandwidth in bytes/s (0 = unknown: placed after the nodes that said).
+    upload_bps: float = bounded_default(0.0, min=0.0)
+
+
+@dataclass
+class DissemJoinAck(Message):
+    KIND = "dissem_join_ack"
+    #: The learner's dissemination mode: ``tree``, ``star`` or ``direct``.
+    mode: str
+    #: A push stream silent this long (s) counts as stalled (the node then repairs).
+    stall_timeout_s: float = bounded_default(5.0, min=0.01)
+    #: How long (s) a node waits for a pushed version before fetching it itself.
+    node_wait_s: float = bounded_default(30.0, min=0.0)
+    #: Newest version published before this join (-1: none); it will not be pushed to the
+    #: node, which fetches it from peers (the learner last) when it needs it.
+    current_version: int = bounded_default(-1, min=-1)
+
+
+@dataclass
+class ChunkRequest(Message):
+    KIND = "chunk_request"
+    version: int = bounded(min=0)
+    indices: list[int] = bounded(max_items=MAX_CHUNKS)
+
+
+@dataclass
+class ChunkReply(Message):
+    """The requested chunks the peer holds (possibly none, possibly fewer than asked)."""
+
+    KIND = "chunk_reply"
+    version: int
+    chunks: list[ChunkFrame] = field(default_factory=list)
+
+
+@dataclass
+class ManifestRequest(Message):
+    KIND = "manifest_request"
+    version: int = bounded(min=0)
+
+
+@dataclass
+class ManifestReply(Message):
+    KIND = "manifest_reply"
+    manifest: Manifest | None = None
+    holders: list[PeerRef] = field(default_factory=list)
+
+
+@dataclass
+class HaveVersion(Message):
+    """A node holds every chunk of ``version`` (verified)."""
+
+    KIND = "have_version"
+    version: int = bounded(min=0)
+    #: Wall-clock time (``time.time()``) at which the last chunk was verified.
+    completed_at: float
+    #: Chunks received through push streams, fetched by repair, and rejected (bad hash).
+    pushed: int = bounded_default(0, min=0)
+    repaired: int = bounded_default(0, min=0)
+    rejected: int = bounded_default(0, min=0)
+
+
+@dataclass
+class HaveAck(Message):
+    KIND = "have_ack"
+    ok: bool = True
