@@ -13,6 +13,11 @@ import importlib
 #: sub-command -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "throughput": ("bench.throughput", "node backend generation tokens/s against raw llama-cpp-python"),
+    "colocated": ("bench.colocated", "single-process GRPO baseline (torch generation + training) vs a swarm run"),
+    "convergence": ("bench.convergence", "sequential vs async (several staleness bounds): reward, samples/s, learner idle"),
+    "profile": ("bench.capacity.profile", "measure this machine (node tokens/s, learner step, adapter size) for capacity planning"),
+    "capacity": ("bench.capacity.cli", "plan the swarm: utilisation, staleness and cost model, cheapest mix, simulation"),
+    "broadcast": ("bench.broadcast", "adapter dissemination: star vs tree on emulated links, simulator, codecs, parity"),
 }
 
 

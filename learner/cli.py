@@ -25,12 +25,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     de = sub.add_parser("demo", help="start a learner and N swarm-node processes on 127.0.0.1 and train")
     de.add_argument("--nodes", type=int, default=2, help="number of swarm-node processes")
+    de.add_argument("--backends", default="", metavar="LIST",
+                    help="comma-separated node backends, one node each, e.g. llamacpp,torch,mlx (overrides --nodes)")
     de.add_argument("--steps", type=int, default=None, help="learner steps (default from the config)")
     de.add_argument("--seed", type=int, default=0, help="seed of the task, LoRA init and sampling")
     de.add_argument("--run-dir", type=Path, default=None, help="output directory (default runs/demo-<timestamp>)")
+    de.add_argument("--mode", choices=["sequential", "async"], default=None,
+                    help="synchronisation mode (default from the config: sequential)")
+    de.add_argument("--max-staleness", type=int, default=None, metavar="S",
+                    help="async mode: largest allowed version lag of a trained rollout")
     de.add_argument("--config", type=Path, default=None, help="optional TOML config to start from")
     de.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field (repeatable)")
+    de.add_argument("--task", default=None, help="task name (arith, math, knights, sokoban); same as --set task.name=NAME")
+
+    ev = sub.add_parser("eval", help="accuracy on a task's held-out split: base model vs an adapter (llama.cpp)")
+    ev.add_argument("--task", default=None, help="task name (default from the config: arith)")
+    ev.add_argument("--adapter", type=Path, default=None, help="peft adapter directory, e.g. runs/demo-.../adapter")
+    ev.add_argument("--n", type=int, default=64, help="eval problems")
+    ev.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    ev.add_argument("--max-tokens", type=int, default=None, help="tokens per answer (default train.max_tokens)")
+    ev.add_argument("--seed", type=int, default=0, help="task seed (as in training) and sampling seed")
+    ev.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
+    ev.add_argument("--multi-turn", action="store_true", help="run episodes in the task's environment (sokoban)")
+    ev.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    ev.add_argument("--config", type=Path, default=None, help="optional TOML config (model, task options)")
+    ev.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config field, e.g. --set task.options.max_people=3 (repeatable)")
     return p
 
 
@@ -54,12 +75,24 @@ def main(argv: list[str] | None = None) -> int:
             cfg = validate(load_config(LearnerConfig, args.config, args.overrides))
             return launch(cfg, args.run_dir or _default_run_dir(""), args.resume)
         overrides = [f"task.seed={args.seed}", f"train.seed={args.seed}", *args.overrides]
+        if args.task is not None:
+            overrides.append(f'task.name="{args.task}"')
+        if args.command == "eval":
+            return run_eval_command(args, validate(load_config(LearnerConfig, args.config, overrides)))
         if args.steps is not None:
             overrides.append(f"train.steps={args.steps}")
+        if args.mode is not None:
+            overrides.append(f"sync.mode={args.mode}")
+        if args.max_staleness is not None:
+            overrides.append(f"sync.max_staleness={args.max_staleness}")
         cfg = validate(load_config(LearnerConfig, args.config, overrides))
         from learner.demo import run_demo
 
-        return run_demo(cfg, args.nodes, args.run_dir or _default_run_dir("demo-"))
+        backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+        unknown = sorted(set(backends) - {"llamacpp", "torch", "mlx", "auto"})
+        if unknown:
+            raise ConfigError(f"--backends: unknown backend(s) {', '.join(unknown)} (llamacpp, torch, mlx, auto)")
+        return run_demo(cfg, args.nodes, args.run_dir or _default_run_dir("demo-"), backends or None)
     except ConfigError as e:
         print(f"swarm-learner: config error: {e}", file=sys.stderr)
         return 2
@@ -73,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def validate(cfg):
     """Catch config mistakes before anything heavy starts."""
+    from learner.episodes import run_task
     from swarm.config import ConfigError
-    from tasks.registry import make_task
 
     try:
-        make_task(cfg.task)
+        run_task(cfg.task)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     t = cfg.train
@@ -85,7 +118,26 @@ def validate(cfg):
         raise ConfigError("train.steps, prompts_per_step, group_size, max_tokens and micro_batch must be >= 1")
     if t.group_size < 2:
         raise ConfigError("train.group_size must be >= 2: GRPO advantages compare completions within a group")
+    if t.minibatches < 1:
+        raise ConfigError("train.minibatches must be >= 1")
+    sy = cfg.sync
+    if sy.max_staleness < 0 or sy.max_inflight_groups < 0 or sy.buffer_groups < 0:
+        raise ConfigError("sync.max_staleness, max_inflight_groups and buffer_groups must be >= 0")
+    if sy.mode == "async" and sy.buffer_limit(t.prompts_per_step) < t.prompts_per_step:
+        raise ConfigError("sync.buffer_groups must hold at least one batch (train.prompts_per_step groups)")
     return cfg
+
+
+def run_eval_command(args, cfg) -> int:
+    from learner.eval import run_eval
+
+    try:
+        run_eval(cfg, args.n, args.adapter, temperature=args.temperature, max_tokens=args.max_tokens,
+                 threads=args.threads, multi_turn=args.multi_turn, json_out=args.json)
+    except ValueError as e:
+        print(f"swarm-learner: eval: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def launch(cfg, run_dir: Path, resume: bool) -> int:

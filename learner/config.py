@@ -1,5 +1,5 @@
 """The learner's typed configuration (TOML sections ``[model]``, ``[task]``, ``[lora]``,
-``[train]``, ``[sync]``, ``[network]``, ``[run]``). Every field is documented here; the
+``[train]``, ``[sync]``, ``[network]``, ``[dissem]``, ``[run]``). Every field is documented here; the
 resolved config is written to ``<run_dir>/config.toml`` at launch."""
 
 from __future__ import annotations
@@ -19,12 +19,22 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    #: Registered task name (``arith``).
+    #: Registered task name: ``arith``, ``math``, ``knights`` or ``sokoban`` (``tasks/registry.py``).
     name: str = "arith"
     #: Seed of the problem generator (train and eval splits are disjoint for every seed).
     seed: int = 0
     #: Difficulty knobs passed to the task's own config dataclass (see ``tasks/<name>.py``).
     options: dict[str, Any] = field(default_factory=dict)
+    #: Train on multi-turn episodes: nodes run the task's environment (model turn, observation,
+    #: model turn, ...) and the learner replays the actions (``learner/episodes.py``). Only for
+    #: tasks with an environment (``sokoban``); the prompt groups hold ``group_size`` episodes.
+    multi_turn: bool = False
+    #: Multi-turn: assistant turns per episode; 0 = the task's own default (sokoban: 4). Passed
+    #: to the task as its ``max_turns`` option, so the prompt, the environment and the reward agree.
+    max_turns: int = 0
+    #: Multi-turn: most tokens after the initial prompt (model and environment turns together);
+    #: the coordinator refuses longer episodes. 0 = max_turns * (train.max_tokens + 128).
+    max_episode_tokens: int = 0
 
 
 @dataclass
@@ -59,6 +69,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     #: Gradient-norm clip.
     max_grad_norm: float = 1.0
+    #: Optimizer updates per learner step: the batch is split into this many minibatches of
+    #: whole groups, each with its own AdamW step (same compute as one update on the batch).
+    minibatches: int = 4
     #: Sequences per forward/backward micro-batch (gradients accumulate over the batch).
     micro_batch: int = 16
     #: Policy loss: ``ppo_clip`` (ratio to the node's behaviour log-probs), ``tis`` or ``decoupled``.
@@ -79,16 +92,32 @@ class TrainConfig:
 
 @dataclass
 class SyncConfig:
-    #: ``sequential``: every batch is generated with exactly the version being trained.
-    mode: Literal["sequential"] = "sequential"
-    #: Largest allowed difference between the trained version and a rollout's version.
-    max_staleness: int = 0
+    #: ``sequential`` (Echo's pull): every batch is generated with exactly the version being
+    #: trained, and generation and training alternate. ``async`` (Echo's push-pull): nodes keep
+    #: generating while the learner trains, and batches come from the replay buffer.
+    mode: Literal["sequential", "async"] = "sequential"
+    #: Async mode: the largest allowed difference between the version a batch trains on and
+    #: the version that generated any rollout in it (0 = only rollouts of the current version).
+    #: Older rollouts are dropped (reason ``stale``). Ignored in sequential mode (always 0).
+    max_staleness: int = 1
+    #: Async mode: most prompt groups handed out but not yet trained (pending, leased or in the
+    #: buffer); bounds the backlog so it cannot grow stale. 0 = prompts_per_step * (S + 1).
+    max_inflight_groups: int = 0
+    #: Async mode: replay-buffer capacity in groups (oldest version evicted first).
+    #: 0 = 2 * prompts_per_step * (S + 1).
+    buffer_groups: int = 0
     #: Seconds a node has to return a lease before its groups are re-issued to others.
     lease_timeout_s: float = 120.0
     #: Most prompt groups in one lease.
     groups_per_lease: int = 1
     #: How long a work request waits on the learner for work before "retry later".
     long_poll_s: float = 5.0
+
+    def inflight_limit(self, prompts_per_step: int) -> int:
+        return self.max_inflight_groups or prompts_per_step * (self.max_staleness + 1)
+
+    def buffer_limit(self, prompts_per_step: int) -> int:
+        return self.buffer_groups or 2 * prompts_per_step * (self.max_staleness + 1)
 
 
 @dataclass
@@ -109,3 +138,32 @@ class LearnerConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    dissem: DissemConfig = field(default_factory=lambda: DissemConfig())
+
+
+@dataclass
+class DissemConfig:
+    """How adapter versions reach the nodes (see ``docs/architecture.md``)."""
+
+    #: ``tree``: pipelined, striped broadcast tree of nodes relaying chunks to each other;
+    #: ``star``: the learner pushes the whole adapter to every node itself;
+    #: ``direct``: no push, every node fetches each version from the learner (``adapter``).
+    mode: Literal["tree", "star", "direct"] = "tree"
+    #: Children per relay in each tree.
+    fan_out: int = 2
+    #: Number of striped trees (chunk i travels down tree i % stripes); 0 = ``fan_out``.
+    stripes: int = 0
+    #: Chunk size in bytes (the unit that is hashed, relayed and repaired).
+    chunk_bytes: int = 256 * 1024
+    #: ``fp32`` (exact), ``fp16`` or ``int8`` (blockwise absmax); each followed by zstd.
+    codec: Literal["fp32", "fp16", "int8"] = "fp16"
+    #: Values per int8 quantisation block (one float32 scale each).
+    int8_block: int = 64
+    #: zstd level of the payload.
+    zstd_level: int = 3
+    #: Encode each version as the difference to the previous one (as nodes decoded it).
+    delta: bool = False
+    #: A push stream silent this long (s) is stalled and its chunks are fetched from peers.
+    stall_timeout_s: float = 5.0
+    #: A node waits this long (s) for a version to arrive by push before fetching it itself.
+    node_wait_s: float = 30.0

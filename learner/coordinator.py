@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import Callable
 
-from swarm.proto.rollouts import GroupResult
+from learner.buffer import ReplayBuffer
+from swarm.proto.rollouts import Completion, GroupResult
+from tasks.episode_tokens import mask_runs
 
 PENDING, LEASED, COMPLETED, TRAINED = "pending", "leased", "completed", "trained"
 #: How many expired leases are remembered for late pushes.
@@ -62,6 +65,12 @@ class Limits:
     vocab_size: int
     #: Behaviour log-probs above this are rejected (they must be <= 0; small slack for rounding).
     max_logprob: float = 1e-3
+    #: Multi-turn runs: most model turns per episode (each at most ``max_tokens``). 0 = a
+    #: single-turn run, where a completion with a mask is refused.
+    max_turns: int = 0
+    #: Multi-turn runs: most tokens of an episode after its initial prompt (model and
+    #: environment turns together); replaces ``max_tokens`` as the length bound.
+    max_episode_tokens: int = 0
 
 
 def validate_group(result: GroupResult, lease: LeaseRecord, limits: Limits) -> str | None:
@@ -77,22 +86,53 @@ def validate_group(result: GroupResult, lease: LeaseRecord, limits: Limits) -> s
             return "logprobs_length_mismatch"
         if not c.token_ids:
             return "empty_completion"
-        if len(c.token_ids) > limits.max_tokens:
+        if limits.max_turns > 0:
+            reason = _episode_shape(c, limits)
+            if reason is not None:
+                return reason
+        elif c.mask:
+            return "unexpected_mask: this run is single-turn"
+        elif len(c.token_ids) > limits.max_tokens:
             return "too_many_tokens"
         if any(t < 0 or t >= limits.vocab_size for t in c.token_ids):
             return "token_out_of_vocab"
-        if any(not math.isfinite(lp) or lp > limits.max_logprob for lp in c.logprobs):
+        mask = c.mask or [1] * len(c.token_ids)
+        if any(m and (not math.isfinite(lp) or lp > limits.max_logprob) for lp, m in zip(c.logprobs, mask)):
             return "bad_logprob"
+        if any(not m and lp != 0.0 for lp, m in zip(c.logprobs, mask)):
+            return "bad_logprob: environment tokens carry 0.0"
         if c.finish_reason not in ("stop", "length"):
             return "bad_finish_reason"
+    return None
+
+
+def _episode_shape(c: Completion, limits: Limits) -> str | None:
+    """Structural checks of a multi-turn episode record (its replay is :attr:`Coordinator.verify`)."""
+    if not c.mask:
+        return "mask_required: this run trains multi-turn episodes"
+    if len(c.mask) != len(c.token_ids):
+        return "mask_length_mismatch"
+    if any(m not in (0, 1) for m in c.mask):
+        return "bad_mask"
+    if c.mask[0] != 1 or c.mask[-1] != 1:
+        return "bad_mask: an episode starts and ends with a model turn"
+    if len(c.token_ids) > limits.max_episode_tokens:
+        return "too_many_tokens"
+    turns = [end - start for value, start, end in mask_runs(c.mask) if value == 1]
+    if len(turns) > limits.max_turns:
+        return "too_many_turns"
+    if max(turns) > limits.max_tokens:
+        return "turn_too_long"
     return None
 
 
 class Coordinator:
     """Hands out leases of prompt groups and collects their rollouts."""
 
-    def __init__(self, limits: Limits, lease_timeout_s: float, groups_per_lease: int):
+    def __init__(self, limits: Limits, lease_timeout_s: float, groups_per_lease: int,
+                 buffer: ReplayBuffer | None = None):
         self.limits = limits
+        self.buffer = buffer
         self.lease_timeout_s = lease_timeout_s
         self.groups_per_lease = groups_per_lease
         #: Adapter version that new leases are generated with.
@@ -101,9 +141,14 @@ class Coordinator:
         self.specs: dict[str, GroupSpec] = {}
         self.queue: deque[str] = deque()
         self.leases: dict[str, LeaseRecord] = {}
-        self.completed: dict[str, CompletedGroup] = {}
+        self.completed: dict[str, CompletedGroup] = buffer.groups if buffer is not None else {}
+        #: Groups dropped per reason since the last :meth:`take_drop_counts`.
+        self.drop_counts: Counter[str] = Counter()
         #: Expired leases, kept so a late push can still deliver groups nobody finished.
         self.expired: dict[str, LeaseRecord] = {}
+        #: Optional deeper check of an arriving group after :func:`validate_group`:
+        #: ``verify(spec, result) -> reason or None`` (multi-turn runs replay the episodes).
+        self.verify: Callable[[GroupSpec, GroupResult], str | None] | None = None
         self._ids = itertools.count()
 
     # -- adding work ---------------------------------------------------------------------
@@ -117,6 +162,12 @@ class Coordinator:
 
     def set_version(self, version: int) -> None:
         self.version = version
+        if self.buffer is not None:
+            self._record_drops(self.buffer.expire(version))
+
+    def in_flight(self) -> int:
+        """Groups added but not yet trained or dropped (pending, leased or completed)."""
+        return sum(state in (PENDING, LEASED, COMPLETED) for state in self.ledger.values())
 
     # -- leases ----------------------------------------------------------------------------
     def lease(self, peer_id: str, max_groups: int, now: float) -> LeaseRecord | None:
@@ -187,11 +238,19 @@ class Coordinator:
             if reason is not None:
                 rejected[r.group_id] = reason
                 continue
-            self.completed[r.group_id] = CompletedGroup(self.specs[r.group_id], r, peer_id, now)
-            self.ledger[r.group_id] = COMPLETED
-            accepted.append(r.group_id)
             if lease is not None:
                 lease.open_groups.discard(r.group_id)
+            group = CompletedGroup(self.specs[r.group_id], r, peer_id, now)
+            self.ledger[r.group_id] = COMPLETED
+            if self.buffer is None:
+                self.completed[r.group_id] = group
+            else:
+                drops = self.buffer.add(r.group_id, group, self.version)
+                self._record_drops(drops)
+                if r.group_id in drops:
+                    rejected[r.group_id] = f"{drops[r.group_id]}: made with v{r.version}, learner at v{self.version}"
+                    continue
+            accepted.append(r.group_id)
         if lease is not None and lease.lease_id in self.leases and not lease.open_groups:
             del self.leases[lease.lease_id]
         return accepted, rejected
@@ -206,7 +265,10 @@ class Coordinator:
             return "already_completed"
         if state is None or state.startswith("dropped"):
             return f"group_not_open ({state})"
-        return validate_group(r, lease, self.limits)
+        reason = validate_group(r, lease, self.limits)
+        if reason is None and self.verify is not None:
+            reason = self.verify(self.specs[r.group_id], r)
+        return reason
 
     # -- batches ---------------------------------------------------------------------------
     def completed_ids(self, version: int | None = None) -> list[str]:
@@ -222,9 +284,35 @@ class Coordinator:
             self.ledger[gid] = TRAINED
         return out
 
+    def take_batch(self, n: int) -> list[CompletedGroup]:
+        """Asynchronous mode: up to ``n`` admissible groups for the current version, oldest
+        first (see :class:`~learner.buffer.ReplayBuffer`); stale ones are dropped on the way."""
+        if self.buffer is None:
+            raise ValueError("take_batch needs a replay buffer (asynchronous mode)")
+        taken, drops = self.buffer.take(n, self.version)
+        self._record_drops(drops)
+        for gid, _ in taken:
+            self.ledger[gid] = TRAINED
+        return [g for _, g in taken]
+
+    def ready(self) -> int:
+        """Completed groups that the current version may train on."""
+        if self.buffer is None:
+            return len(self.completed)
+        return self.buffer.ready(self.version)
+
     def drop(self, group_id: str, reason: str) -> None:
         self.completed.pop(group_id, None)
-        self.ledger[group_id] = f"dropped:{reason}"
+        self._record_drops({group_id: reason})
+
+    def _record_drops(self, drops: dict[str, str]) -> None:
+        for gid, reason in drops.items():
+            self.ledger[gid] = f"dropped:{reason}"
+            self.drop_counts[reason] += 1
+
+    def take_drop_counts(self) -> dict[str, int]:
+        out, self.drop_counts = dict(self.drop_counts), Counter()
+        return out
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

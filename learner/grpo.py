@@ -22,8 +22,9 @@ Departures from the GRPO paper (Shao et al. 2024, DeepSeekMath), all deliberate:
    staleness 0 (up to ~0.5 nats per token with a Q4_1 base), so besides the paper's PPO clip
    (``ppo_clip``) two off-policy corrections are offered: truncated importance sampling
    (``tis``, verl/OpenRLHF) and the decoupled objective (``decoupled``, AReaL) with a proximal
-   policy. The trainer takes one optimizer step per batch, so the proximal policy defaults to
-   the current policy's own log-probs (detached).
+   policy. The proximal policy is the learner's policy before the step: with one optimizer
+   update per batch that is the current policy's own log-probs (detached, the default here);
+   with several minibatch updates the trainer computes them once before the first update.
 5. **Advantages use the population std** (``ddof=0``) of the group plus ``eps``; a group whose
    rewards are all equal gets exactly zero advantages (no signal, no noise). ``scale_by_std=False``
    gives the Dr. GRPO variant (mean-centred only).

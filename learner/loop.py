@@ -1,9 +1,10 @@
-"""Sequential learner loop (Echo's sequential pull).
+"""The learner's run: model, trainer, service and host set up once, then one step per version.
 
-Per step: publish version v -> lease this step's prompt groups to nodes for v -> wait for
-the whole batch -> recompute rewards with ``tasks/`` (a node's reward is never trusted)
--> group-relative advantages -> GRPO step -> v + 1. Leases of dead nodes expire and are
-re-issued by the service; every group ends up trained exactly once.
+The steps themselves (sequential pull or async push-pull) are in :mod:`learner.steps`. In both,
+rewards are recomputed with ``tasks/`` (a node's reward is never trusted); leases of dead
+nodes expire and are re-issued by the service; every prompt group is accounted for in the
+coordinator's ledger (trained, dropped with a reason, or still pending) written to
+``ledger.json`` at the end, with per-node figures in ``swarm.json``.
 """
 
 from __future__ import annotations
@@ -18,17 +19,18 @@ from typing import Callable
 
 import trio
 
+from learner.buffer import ReplayBuffer
 from learner.config import LearnerConfig
-from learner.coordinator import COMPLETED, CompletedGroup, Coordinator, GroupSpec, Limits
+from learner.coordinator import CompletedGroup, Coordinator, Limits
 from learner.metrics import MetricsWriter, plot_rewards, progress_line, rolling_mean
+from learner.dissem import start_learner_dissem
 from learner.publish import adapter_reply
 from learner.service import LearnerService, SamplingDefaults
+from learner.steps import async_step, sequential_step
 from swarm.config import dump_toml, to_dict
 
 log = logging.getLogger("echo_swarm.learner")
 
-#: Print a "waiting for rollouts" line when a batch has made no progress for this long.
-WAIT_REPORT_S = 30.0
 #: After the last step, the longest wait for active nodes to hear "done" before the host closes.
 SHUTDOWN_GRACE_S = 20.0
 
@@ -43,6 +45,20 @@ class LoopState:
     wall_s: float = 0.0
 
 
+@dataclass
+class StepContext:
+    """Everything a step function (:mod:`learner.steps`) works with."""
+
+    cfg: LearnerConfig
+    state: LoopState
+    coord: Coordinator
+    service: LearnerService
+    trainer: object
+    task: object
+    tokenizer: object
+    console: Callable[[str], None]
+
+
 def build_trainer(resolved, cfg: LearnerConfig):
     """The peft/GRPO trainer from the learner config (heavy: loads the model)."""
     from learner.trainer import ComputeConfig, LoraConfig, LossConfig, OptimConfig, Trainer
@@ -51,7 +67,8 @@ def build_trainer(resolved, cfg: LearnerConfig):
     return Trainer(
         resolved,
         lora=LoraConfig(rank=lo.rank, alpha=lo.alpha, target_modules=tuple(lo.target_modules)),
-        optim=OptimConfig(lr=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm),
+        optim=OptimConfig(lr=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
+                          minibatches=t.minibatches),
         loss=LossConfig(kind=t.loss, clip_eps_low=t.clip_low, clip_eps_high=t.clip_high, is_cap=t.is_cap),
         compute=ComputeConfig(micro_batch_size=t.micro_batch, temperature=t.temperature,
                               torch_threads=t.torch_threads or None),
@@ -67,6 +84,13 @@ def score_groups(groups: list[CompletedGroup], task, tokenizer) -> tuple[list, l
     samples: list = []
     all_rewards: list[float] = []
     for g in groups:
+        if any(c.mask for c in g.result.completions):  # multi-turn episodes (learner/episodes.py)
+            from learner.episodes import score_episode_group
+
+            more, rewards = score_episode_group(g, task, tokenizer)
+            samples += more
+            all_rewards += rewards
+            continue
         problem = task.problem("train", int(g.spec.problem_ref))
         texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in g.result.completions]
         rewards = [float(task.reward(problem, t)) for t in texts]
@@ -97,7 +121,7 @@ async def run_learner(
     from learner.checkpoint import load_state, save_state
     from learner.models import resolve_model
     from swarm.host import HostConfig, open_host
-    from tasks.registry import make_task
+    from learner.episodes import episode_settings, make_verifier, run_task
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -106,18 +130,27 @@ async def run_learner(
     resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, cfg.model.cache_dir or None)
     trainer = await trio.to_thread.run_sync(build_trainer, resolved, cfg)
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, resolved.hf_dir)
-    task = make_task(cfg.task)
+    task = run_task(cfg.task)
+    episodes = episode_settings(cfg, task)  # None: single-turn run
     state = LoopState()
     if resume:
         state = await trio.to_thread.run_sync(load_state, run_dir, trainer)
         console(f"learner: resumed at step {state.step} (adapter v{state.version})")
 
     t = cfg.train
+    buffer = None
+    if cfg.sync.mode == "async":
+        buffer = ReplayBuffer(cfg.sync.max_staleness, cfg.sync.buffer_limit(t.prompts_per_step))
     coord = Coordinator(
-        Limits(group_size=t.group_size, max_tokens=t.max_tokens, vocab_size=len(tokenizer)),
+        Limits(group_size=t.group_size, max_tokens=t.max_tokens, vocab_size=len(tokenizer),
+               **(episodes.limits() if episodes else {})),
         lease_timeout_s=cfg.sync.lease_timeout_s,
         groups_per_lease=cfg.sync.groups_per_lease,
+        buffer=buffer,
     )
+    coord.set_version(state.version)
+    if episodes is not None:
+        coord.verify = make_verifier(task, tokenizer)
     service = LearnerService(
         coordinator=coord,
         sampling=SamplingDefaults(t.temperature, t.top_p, t.max_tokens, t.seed),
@@ -125,6 +158,7 @@ async def run_learner(
         run_id=uuid.uuid4().hex[:8],
         model_name=cfg.model.name,
         long_poll_s=cfg.sync.long_poll_s,
+        episode=episodes,
     )
     metrics = MetricsWriter(run_dir, resume=resume)
     host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s)
@@ -134,13 +168,16 @@ async def run_learner(
             on_service(service)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(service.expiry_loop)
+            service.dissem = await start_learner_dissem(nursery, host, cfg.dissem, service)
             service.publish(adapter_reply(trainer.export_adapter(state.version)))
             console(f"learner: listening on {host.addrs[0]}")
             console(f"learner: join with `swarm-node join --learner {host.addrs[0]}`")
             task_status.started(list(host.addrs))
             t_start = time.perf_counter() - state.wall_s
+            ctx = StepContext(cfg, state, coord, service, trainer, task, tokenizer, console)
+            step_fn = async_step if cfg.sync.mode == "async" else sequential_step
             while state.step < t.steps:
-                row = await _one_step(cfg, state, coord, service, trainer, task, tokenizer, console)
+                row = await step_fn(ctx)
                 state.wall_s = time.perf_counter() - t_start
                 row["wall_s"] = round(state.wall_s, 2)
                 metrics.write(row)
@@ -153,54 +190,8 @@ async def run_learner(
             if metrics.rows:
                 plot_rewards(metrics.rows, run_dir / "reward.png", title=f"{cfg.task.name}: reward per step")
             (run_dir / "ledger.json").write_text(json.dumps(coord.counts(), indent=1))
+            (run_dir / "swarm.json").write_text(json.dumps(service.swarm_summary(), indent=1))
             console(f"learner: done; adapter in {run_dir / 'adapter'}, metrics in {run_dir / 'metrics.jsonl'}")
             await service.wait_nodes_told(active_within_s=cfg.sync.long_poll_s + 30.0, timeout_s=SHUTDOWN_GRACE_S)
             nursery.cancel_scope.cancel()
     return metrics.rows
-
-
-async def _one_step(cfg, state: LoopState, coord: Coordinator, service: LearnerService, trainer, task, tokenizer, console) -> dict:
-    t = cfg.train
-    t0 = time.perf_counter()
-    specs = []
-    for idx in range(state.next_problem, state.next_problem + t.prompts_per_step):
-        problem = task.problem("train", idx)
-        specs.append(GroupSpec(f"g{idx}", task.render_prompt(tokenizer, problem), str(idx)))
-    state.next_problem += t.prompts_per_step
-    coord.add_groups(specs)
-    service.take_contributions()
-    service.notify()
-    ids = [s.group_id for s in specs]
-    while not all(coord.ledger[g] == COMPLETED for g in ids):
-        with trio.move_on_after(WAIT_REPORT_S) as scope:
-            await service.wait_changed()
-        if scope.cancelled_caught:
-            done = sum(coord.ledger[g] == COMPLETED for g in ids)
-            console(f"learner: step {state.step + 1} waiting for rollouts ({done}/{len(ids)} groups, "
-                    f"{len(service.nodes)} node(s) joined)")
-    gen_wait = time.perf_counter() - t0
-    groups = coord.take(ids)
-    samples, rewards = score_groups(groups, task, tokenizer)
-    t1 = time.perf_counter()
-    stats = await trio.to_thread.run_sync(trainer.train_step, samples)
-    train_s = time.perf_counter() - t1
-    state.step += 1
-    state.version += 1
-    service.publish(adapter_reply(trainer.export_adapter(state.version)))
-    comps = [c for g in groups for c in g.result.completions]
-    return {
-        **{f"train_{k}" if k in ("step", "step_time_s", "tokens", "sequences") else k: v
-           for k, v in stats.items() if isinstance(v, (int, float))},
-        "step": state.step,
-        "policy_version": state.version,
-        "trained_on_version": state.version - 1,
-        "reward_mean": sum(rewards) / len(rewards),
-        "samples": len(rewards),
-        "step_time_s": round(time.perf_counter() - t0, 3),
-        "gen_wait_s": round(gen_wait, 3),
-        "train_s": round(train_s, 3),
-        "nodes": service.take_contributions(),
-        "rollout_versions": sorted({g.result.version for g in groups}),
-        "mean_completion_tokens": sum(len(c.token_ids) for c in comps) / len(comps),
-        "stop_frac": sum(c.finish_reason == "stop" for c in comps) / len(comps),
-    }

@@ -47,11 +47,14 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def progress_line(row: dict[str, Any], steps: int, rolling: float) -> str:
     nodes = " ".join(f"{p[-6:]}:{n}" for p, n in sorted(row.get("nodes", {}).items()))
+    dropped = sum(row.get("dropped", {}).values())
+    extra = f" lag<={row['staleness_max']}" if row.get("staleness_max") else ""
+    extra += f" dropped {dropped}" if dropped else ""
     return (
         f"step {row['step']:>3}/{steps} v{row['policy_version']:<3} reward {row['reward_mean']:.3f} "
         f"(rolling{ROLLING_WINDOW} {rolling:.3f}) samples {row['samples']:>3} "
-        f"gen {row['gen_wait_s']:5.1f}s train {row['train_s']:5.1f}s clip {row.get('clip_frac', 0):.2f} "
-        f"t={row['wall_s']:6.0f}s nodes {nodes}"
+        f"idle {row.get('learner_idle_s', 0.0):5.1f}s train {row['train_s']:5.1f}s clip {row.get('clip_frac', 0):.2f}"
+        f"{extra} t={row['wall_s']:6.0f}s nodes {nodes}"
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -65,9 +66,20 @@ class LearnerService:
     done: bool = False
     #: Peers that have been told the run is over.
     told_done: set[str] = field(default_factory=set)
+    #: Hold back every lease until this many distinct nodes wait for work at the same time, so
+    #: that each node of a mixed swarm gets a share of the first step (the fastest one would
+    #: otherwise take everything before the slow ones have loaded). 0 = off. Once open, it stays open.
+    min_waiting: int = 0
+    #: The adapter dissemination service (``learner.dissem.LearnerDissem``); None = direct fetch only.
+    dissem: Any = None
+    #: Multi-turn runs: the episode settings every lease carries (``learner.episodes.EpisodeSettings``);
+    #: None = single-turn leases.
+    episode: Any = None
 
     def __post_init__(self) -> None:
         self._changed = trio.Event()
+        self._waiting: set[str] = set()
+        self._gate_open = False
 
     # -- wiring ----------------------------------------------------------------------------
     def register(self, host) -> None:
@@ -90,6 +102,8 @@ class LearnerService:
         for v in sorted(self.adapters)[:-KEEP_ADAPTER_VERSIONS]:
             del self.adapters[v]
         self.coordinator.set_version(reply.version)
+        if self.dissem is not None:
+            self.dissem.submit(reply)
         self.notify()
 
     def finish(self) -> None:
@@ -107,9 +121,29 @@ class LearnerService:
                     return
                 await self.wait_changed()
 
+    def swarm_summary(self) -> dict:
+        """Per-node figures for ``swarm.json`` (used by the capacity tool's validation)."""
+        return {"nodes": {p: {
+            "backend": n.hello.backend, "device": n.hello.device, "tokens_per_s": n.hello.tokens_per_s,
+            "memory_bytes": n.hello.memory_bytes, "groups": n.groups_pushed, "completions": n.completions_pushed,
+            "rejected_groups": n.rejected_groups, "gen_s": round(n.gen_s, 3), "gen_tokens": n.gen_tokens,
+        } for p, n in self.nodes.items()}}
+
     def take_contributions(self) -> dict[str, int]:
         out, self.contributions = self.contributions, {}
         return out
+
+    def node_backends(self) -> dict[str, str]:
+        """Peer id -> the generation backend it announced in its hello (``llamacpp``, ``torch``, ``mlx``)."""
+        return {peer: info.hello.backend for peer, info in self.nodes.items()}
+
+    def _gate_closed(self) -> bool:
+        if self._gate_open or len(self._waiting) >= self.min_waiting:
+            if not self._gate_open:
+                self._gate_open = True
+                self.notify()
+            return False
+        return True
 
     # -- handlers -----------------------------------------------------------------------------
     def _node(self, peer_id: str) -> NodeInfo:
@@ -138,22 +172,31 @@ class LearnerService:
 
     async def on_work(self, msg: WorkRequest, peer_id: str) -> WorkReply:
         self._node(peer_id)
-        with trio.move_on_after(self.long_poll_s):
-            while True:
-                if self.done:
-                    self.told_done.add(peer_id)
-                    self.notify()
-                    return WorkReply(done=True, reason="done")
-                record = self.coordinator.lease(peer_id, msg.max_groups, trio.current_time())
-                if record is not None:
-                    self.notify()
-                    return WorkReply(lease=self._lease_message(record))
-                await self.wait_changed()
+        self._waiting.add(peer_id)
+        if not self._gate_open:
+            self.notify()  # waiters re-count
+        try:
+            with trio.move_on_after(self.long_poll_s):
+                while True:
+                    if self.done:
+                        self.told_done.add(peer_id)
+                        self.notify()
+                        return WorkReply(done=True, reason="done")
+                    if not self._gate_closed():
+                        record = self.coordinator.lease(peer_id, msg.max_groups, trio.current_time())
+                        if record is not None:
+                            self.notify()
+                            return WorkReply(lease=self._lease_message(record))
+                    await self.wait_changed()
+        finally:
+            self._waiting.discard(peer_id)
         return WorkReply(retry_after_s=0.0, reason="no_work")
 
     def _lease_message(self, record) -> Lease:
         s = self.sampling
-        groups = [PromptGroup(gid, self.coordinator.specs[gid].prompt_ids) for gid in record.group_ids]
+        ep, specs = self.episode, self.coordinator.specs
+        groups = [PromptGroup(gid, specs[gid].prompt_ids, *(("train", int(specs[gid].problem_ref)) if ep else ()))
+                  for gid in record.group_ids]
         return Lease(
             lease_id=record.lease_id,
             version=record.version,
@@ -161,6 +204,7 @@ class LearnerService:
             sampling=Sampling(s.temperature, s.top_p, s.max_tokens, s.seed),
             groups=groups,
             deadline_s=record.deadline - record.issued_at,
+            **(ep.lease_fields() if ep else {}),
         )
 
     async def on_rollouts(self, msg: RolloutPush, peer_id: str) -> RolloutAck:

@@ -1,6 +1,6 @@
-"""The GRPO trainer: a peft LoRA on an fp32 HF causal LM, one optimizer step per batch.
+"""The GRPO trainer: a peft LoRA on an fp32 HF causal LM, one or more optimizer steps per batch.
 
-One ``train_step`` reads in order: samples (prompt ids, completion ids, behaviour log-probs,
+One ``train_step`` reads in order (per minibatch, see ``OptimConfig.minibatches``): samples (prompt ids, completion ids, behaviour log-probs,
 advantage) -> padded tensors -> per-token log-probs of the completion tokens under the current
 policy -> :func:`learner.grpo.policy_loss` per micro-batch (normalised by the token count of the
 whole batch, so accumulation equals one big pass) -> grad-norm clip -> AdamW step.
@@ -61,6 +61,10 @@ class OptimConfig:
     """Adam betas."""
     eps: float = 1e-8
     """Adam epsilon."""
+    minibatches: int = 1
+    """Optimizer updates per batch: the batch is split into this many minibatches (whole GRPO
+    groups each) and each gets its own AdamW step (PPO-style; later minibatches are slightly
+    off-policy, which the clipped ratio to the behaviour log-probs accounts for)."""
 
 
 @dataclass
@@ -103,6 +107,16 @@ class TrainSample:
     completion_ids: list[int]
     behav_logprobs: list[float]
     advantage: float
+    loss_mask: list[int] | None = None
+    """Multi-turn episodes: 1 on completion tokens the model sampled, 0 on tokens the environment
+    appended (they are context only: no loss, not counted in the token normaliser). ``None`` =
+    every completion token."""
+
+
+def loss_tokens(sample: Any) -> int:
+    """Completion tokens of ``sample`` that carry the loss (the 1s of its ``loss_mask``)."""
+    mask = getattr(sample, "loss_mask", None)
+    return int(sum(mask)) if mask else len(sample.completion_ids)
 
 
 class Trainer:
@@ -182,7 +196,7 @@ class Trainer:
             logits = head(hidden)  # [n, T, V]
         logits = logits.float() / float(self.compute.temperature)
         logp_all = torch.log_softmax(logits, dim=-1)
-        return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["mask"]  # [n, T]
+        return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["loss_mask"]  # [n, T]
 
     def _tensors(self, samples: Sequence[Any]) -> dict[str, torch.Tensor]:
         """Right-padded tensors of n samples (L = longest prompt+completion, T = longest completion)."""
@@ -195,6 +209,7 @@ class Trainer:
         targets = torch.zeros(n, T, dtype=torch.long)  # [n, T] completion token ids
         behav = torch.zeros(n, T, dtype=torch.float32)  # [n, T]
         mask = torch.zeros(n, T, dtype=torch.float32)  # [n, T] 1 on valid completion tokens
+        loss_mask = torch.zeros(n, T, dtype=torch.float32)  # [n, T] 1 on model tokens (multi-turn: not env)
         adv = torch.zeros(n, dtype=torch.float32)  # [n]
         for i, s in enumerate(samples):
             p, c = len(s.prompt_ids), len(s.completion_ids)
@@ -208,8 +223,16 @@ class Trainer:
             targets[i, :c] = torch.tensor(list(s.completion_ids), dtype=torch.long)
             behav[i, :c] = torch.tensor(list(s.behav_logprobs), dtype=torch.float32)
             mask[i, :c] = 1.0
+            lm = getattr(s, "loss_mask", None)
+            if lm:
+                if len(lm) != c:
+                    raise ValueError(f"sample {i}: {c} completion tokens but a loss mask of {len(lm)}")
+                loss_mask[i, :c] = torch.tensor(list(lm), dtype=torch.float32)
+            else:
+                loss_mask[i, :c] = 1.0
             adv[i] = float(getattr(s, "advantage", 0.0))
-        t = dict(input_ids=input_ids, attention_mask=attn, pos=pos, targets=targets, behav=behav, mask=mask, adv=adv)
+        t = dict(input_ids=input_ids, attention_mask=attn, pos=pos, targets=targets, behav=behav, mask=mask,
+                 loss_mask=loss_mask, adv=adv)
         return {k: v.to(self.device) for k, v in t.items()}
 
     def _completion_logprobs(self, t: dict[str, torch.Tensor], autocast: bool | None = None) -> torch.Tensor:
@@ -223,30 +246,71 @@ class Trainer:
             logits = head(torch.gather(hidden, 1, idx))  # [n, T, V]
         logits = logits.float() / float(self.compute.temperature)  # [n, T, V]
         logp_all = torch.log_softmax(logits, dim=-1)  # [n, T, V]
-        return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["mask"]  # [n, T]
+        return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["loss_mask"]  # [n, T]
 
     # -- training ---------------------------------------------------------------------------
+    def _minibatches(self, batch: Sequence[Any]) -> list[list[Any]]:
+        """``optim.minibatches`` parts of the batch, whole prompt groups each, in batch order."""
+        groups: dict[tuple[int, ...], list[Any]] = {}
+        for s in batch:
+            groups.setdefault(tuple(s.prompt_ids), []).append(s)
+        parts = max(1, min(int(self.optim_cfg.minibatches), len(groups)))
+        glist = list(groups.values())
+        return [[s for g in glist[i::parts] for s in g] for i in range(parts)]
+
     def train_step(self, batch: Sequence[Any]) -> dict[str, float]:
-        """One optimizer step on ``batch`` (a GRPO batch of samples with advantages); returns stats."""
+        """``optim.minibatches`` optimizer steps on ``batch`` (a GRPO batch of samples with
+        advantages); returns token-weighted stats over the whole batch."""
         if not batch:
             raise ValueError("empty batch")
         t0 = time.perf_counter()
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        total_tokens = float(sum(len(s.completion_ids) for s in batch))
+        total_tokens = float(sum(loss_tokens(s) for s in batch))
         if total_tokens == 0:
             raise ValueError("batch has no completion tokens")
+        agg: dict[str, float] = {k: 0.0 for k in ("loss", "clip_frac", "ratio_mean", "is_weight_mean",
+                                                  "mismatch_k3", "abs_logp_diff", "grad_norm")}
+        ratio_max, ratio_min = 0.0, float("inf")
+        parts = self._minibatches(batch)
+        prox = None
+        if self.loss_cfg.kind == "decoupled" and len(parts) > 1:
+            # pi_prox is the policy before this learner step, for every minibatch of it
+            prox = {id(s): lp for s, lp in zip(batch, self.logprobs(batch))}
+        for part in parts:
+            st = self._update(part, prox)
+            w = st["tokens"] / total_tokens
+            for k in agg:
+                agg[k] += w * st[k] if k != "grad_norm" else st[k] / len(parts)
+            if st["tokens"] > 0:
+                ratio_max, ratio_min = max(ratio_max, st["ratio_max"]), min(ratio_min, st["ratio_min"])
+        agg.update(ratio_max=ratio_max, ratio_min=ratio_min, tokens=total_tokens, updates=float(len(parts)),
+                   sequences=float(len(batch)), step=float(self.step), step_time_s=time.perf_counter() - t0)
+        return agg
+
+    def _update(self, batch: Sequence[Any], prox: dict[int, np.ndarray] | None = None) -> dict[str, float]:
+        """One AdamW step on ``batch``: gradients accumulated over micro-batches, each loss
+        normalised by the token count of the whole ``batch`` (equal to one big pass).
+        ``prox`` (decoupled loss): proximal log-probs per sample ``id``; default: the current
+        policy's own detached log-probs."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total_tokens = float(sum(loss_tokens(s) for s in batch))
         agg: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "is_weight_mean": 0.0,
                                  "mismatch_k3": 0.0, "abs_logp_diff": 0.0}
         ratio_max, ratio_min = 0.0, float("inf")
         lc = self.loss_cfg
         for idxs in self._micro_batches(batch):
-            logp, t = self._logprobs_of([batch[i] for i in idxs])  # [n, T]
-            loss, st = policy_loss(logp, t["behav"], t["adv"], t["mask"], lc.clip_eps_low, lc.clip_eps_high, lc.kind,
-                                   is_cap=lc.is_cap, token_normalizer=total_tokens)
+            mb = [batch[i] for i in idxs]
+            logp, t = self._logprobs_of(mb)  # [n, T]
+            prox_t = None
+            if prox is not None:
+                prox_t = torch.zeros_like(t["behav"])  # [n, T]
+                for row, smp in enumerate(mb):
+                    prox_t[row, :len(smp.completion_ids)] = torch.from_numpy(prox[id(smp)])
+            loss, st = policy_loss(logp, t["behav"], t["adv"], t["loss_mask"], lc.clip_eps_low, lc.clip_eps_high, lc.kind,
+                                   prox_logp=prox_t, is_cap=lc.is_cap, token_normalizer=max(total_tokens, 1.0))
             loss.backward()
             agg["loss"] += float(loss.detach())
-            w = st["tokens"] / total_tokens  # token-weighted means over the whole batch
+            w = st["tokens"] / max(total_tokens, 1.0)  # token-weighted means over the whole batch
             for k in ("clip_frac", "ratio_mean", "is_weight_mean", "mismatch_k3", "abs_logp_diff"):
                 agg[k] += w * st[k]
             if st["tokens"] > 0:
@@ -256,8 +320,7 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        agg.update(grad_norm=float(grad_norm), ratio_max=ratio_max, ratio_min=ratio_min, tokens=total_tokens,
-                   sequences=float(len(batch)), step=float(self.step), step_time_s=time.perf_counter() - t0)
+        agg.update(grad_norm=float(grad_norm), ratio_max=ratio_max, ratio_min=ratio_min, tokens=total_tokens)
         return agg
 
     @torch.no_grad()

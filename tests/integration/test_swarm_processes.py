@@ -40,30 +40,40 @@ async def with_deadline(fn, seconds):
         await fn()
 
 
-def test_two_nodes_two_steps_versions_advance(tmp_path):
+def test_two_nodes_two_steps_versions_advance_across_a_resume(tmp_path):
+    """Step 1, stop, then ``--resume`` to step 2 with fresh node processes: the rollouts of step
+    k carry adapter version k-1, and the resumed run continues the version and the metrics."""
     procs: list[subprocess.Popen] = []
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            addrs = await nursery.start(lambda task_status: run_learner(
-                small_config(), tmp_path / "run", console=lambda s: None, task_status=task_status))
-            for i in range(2):
-                procs.append(spawn_node(addrs[0], tmp_path, f"node-{i}"))
+    def phase(steps: int, resume: bool, tag: str) -> None:
+        async def main():
+            cfg = small_config()
+            cfg.train.steps = steps
+            async with trio.open_nursery() as nursery:
+                addrs = await nursery.start(lambda task_status: run_learner(
+                    cfg, tmp_path / "run", resume=resume, console=lambda s: None, task_status=task_status))
+                for i in range(2):
+                    procs.append(spawn_node(addrs[0], tmp_path, f"node-{tag}{i}"))
 
-    try:
-        trio.run(with_deadline, main, 300)
-    finally:
-        stop_processes(procs, 20)
+        try:
+            trio.run(with_deadline, main, 300)
+        finally:
+            stop_processes(procs, 20)
+
+    phase(1, False, "a")
+    assert (tmp_path / "run" / "checkpoints" / "latest").exists()
+    phase(2, True, "b")
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     # Step k trains on rollouts generated with exactly adapter version k-1 (sequential mode).
     assert [r["rollout_versions"] for r in rows] == [[0], [1]]
     assert [r["policy_version"] for r in rows] == [1, 2]
+    # the trainer's update count came back from the checkpoint and went on
+    assert rows[1]["train_step"] == 2 * rows[0]["train_step"] > 0
     assert all(r["samples"] == 4 for r in rows)
-    contributors = set().union(*(r["nodes"] for r in rows))
-    assert len(contributors) >= 1 and sum(sum(r["nodes"].values()) for r in rows) == 8
-    logs = "".join((tmp_path / f"node-{i}.log").read_text() for i in range(2))
-    assert "v0 lease" in logs and "v1 lease" in logs, logs
+    assert sum(sum(r["nodes"].values()) for r in rows) == 8
+    logs = {tag: "".join((tmp_path / f"node-{tag}{i}.log").read_text() for i in range(2)) for tag in "ab"}
+    assert "v0 lease" in logs["a"] and "v1 lease" in logs["b"] and "v0 lease" not in logs["b"], logs
     assert all(p.returncode == 0 for p in procs), logs
     assert (tmp_path / "run" / "adapter" / "adapter_config.json").exists()
     assert (tmp_path / "run" / "reward.png").exists()
@@ -101,3 +111,39 @@ def test_killed_node_lease_expires_and_is_reissued(tmp_path):
     ledger = seen["svc"].coordinator.counts()
     assert ledger == {"trained": 4}
     assert procs[1].returncode == 0
+
+
+def test_async_mode_two_nodes_overlap_within_staleness_bound(tmp_path):
+    """Async push-pull with S=1: nodes keep generating while the learner trains, so later
+    batches hold rollouts one version old, and never older; every group is accounted for."""
+    procs: list[subprocess.Popen] = []
+    seen: dict = {}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            cfg = small_config(mode="async", max_staleness=1)
+            cfg.train.steps = 3
+            addrs = await nursery.start(lambda task_status: run_learner(
+                cfg, tmp_path / "run", console=lambda s: None, on_service=lambda s: seen.setdefault("svc", s),
+                task_status=task_status))
+            for i in range(2):
+                procs.append(spawn_node(addrs[0], tmp_path, f"node-{i}"))
+
+    try:
+        trio.run(with_deadline, main, 300)
+    finally:
+        stop_processes(procs, 20)
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["samples"] == 4 and set(r["staleness_hist"]) <= {"0", "1"}
+        assert all(r["trained_on_version"] - 1 <= v <= r["trained_on_version"] for v in r["rollout_versions"])
+        assert r["learner_idle_s"] >= 0 and r["samples_per_s"] > 0
+    assert any(r["staleness_max"] == 1 for r in rows), [r["staleness_hist"] for r in rows]
+    ledger = seen["svc"].coordinator.counts()
+    assert ledger["trained"] == 6 and sum(ledger.values()) == len(seen["svc"].coordinator.ledger)
+    assert set(ledger) <= {"trained", "pending", "leased", "completed", "dropped:stale", "dropped:evicted"}
+    logs = "".join((tmp_path / f"node-{i}.log").read_text() for i in range(2))
+    assert all(p.returncode == 0 for p in procs), logs
+    swarm = __import__("json").loads((tmp_path / "run" / "swarm.json").read_text())
+    assert sum(n["completions"] for n in swarm["nodes"].values()) >= 12

@@ -190,3 +190,79 @@ def test_shared_prompt_path_matches_plain_path(tiny_model):
     for x, y in zip(*lps):
         np.testing.assert_allclose(x, y, atol=1e-5)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def test_minibatches_take_one_optimizer_step_each(tiny_model):
+    """optim.minibatches=2 splits the batch by prompt group and steps twice; the result equals
+    two one-minibatch steps on the same halves."""
+    def trainer(mbs):
+        return Trainer(tiny_model, LoraConfig(rank=4, alpha=8), OptimConfig(lr=1e-2, minibatches=mbs),
+                       LossConfig(kind="ppo_clip"), ComputeConfig(micro_batch_size=4, torch_threads=1), seed=0)
+
+    split, plain = trainer(2), trainer(1)
+    batch = make_batch(split, n=4)
+    halves = split._minibatches(batch)
+    assert len(halves) == 2 and sorted(map(len, halves)) == [2, 2]
+    assert {tuple(s.prompt_ids) for s in halves[0]}.isdisjoint({tuple(s.prompt_ids) for s in halves[1]})
+    stats = split.train_step(batch)
+    assert stats["updates"] == 2 and split.step == 2
+    for half in halves:
+        plain.train_step(half)
+    for a, b in zip(split.logprobs(batch, autocast=False), plain.logprobs(batch, autocast=False)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert not np.allclose(split.logprobs(batch, autocast=False)[0], trainer(1).logprobs(batch, autocast=False)[0])
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_env_tokens_of_multi_turn_samples_get_no_gradient(tiny_model, share):
+    """A loss mask (multi-turn episodes) keeps environment tokens as context only: they add
+    nothing to the loss or to the token normaliser, whichever log-prob path runs, and the
+    gradient equals a hand-written loss over the model tokens alone."""
+    from learner.grpo import policy_loss
+
+    tr = Trainer(tiny_model, LoraConfig(rank=4, alpha=8), OptimConfig(lr=1e-2), LossConfig(kind="ppo_clip"),
+                 ComputeConfig(micro_batch_size=8, bf16_autocast=False, share_prompt=share, torch_threads=1))
+    batch = _group_batch(tr)  # one prompt, completions of 2, 4, 6, 8 tokens
+    tr.train_step(batch)  # lora_B != 0 from here on
+    plain_lp = tr.logprobs(batch)
+    for s in batch:  # model, env..., model
+        n = len(s.completion_ids)
+        s.loss_mask = [1] + [0] * (n - 2) + [1]
+        s.behav_logprobs = [lp if m else 0.0 for lp, m in zip(s.behav_logprobs, s.loss_mask)]
+    masked_lp = tr.logprobs(batch)
+    for s, a, b in zip(batch, plain_lp, masked_lp):
+        m = np.array(s.loss_mask, dtype=bool)
+        np.testing.assert_allclose(b[m], a[m], atol=1e-5)  # env tokens still count as context
+        assert not np.any(b[~m])
+
+    tr.optimizer.step = lambda: None  # keep the accumulated gradients
+    tr.optimizer.zero_grad = lambda set_to_none=True: None
+    for p in tr.params:
+        p.grad = None
+    stats = tr.train_step(batch)
+    got = torch.cat([p.grad.flatten() for p in tr.params]).clone()
+    assert stats["tokens"] == sum(sum(s.loss_mask) for s in batch) == 2 * len(batch)
+
+    for p in tr.params:  # env behaviour log-probs are ignored entirely
+        p.grad = None
+    for s in batch:
+        s.behav_logprobs = [lp if m else -30.0 for lp, m in zip(s.behav_logprobs, s.loss_mask)]
+    tr.train_step(batch)
+    torch.testing.assert_close(torch.cat([p.grad.flatten() for p in tr.params]), got, atol=1e-7, rtol=0)
+
+    for p in tr.params:  # the same loss by hand: model tokens only, normalised by their count
+        p.grad = None
+    T = max(len(s.completion_ids) for s in batch)
+    logp, behav, mask = (torch.zeros(len(batch), T) for _ in range(3))
+    for i, s in enumerate(batch):
+        P, n = len(s.prompt_ids), len(s.completion_ids)
+        full = torch.log_softmax(tr.model(input_ids=torch.tensor([s.prompt_ids + s.completion_ids])).logits[0].float(), -1)
+        logp[i, :n] = full[P - 1 + torch.arange(n), torch.tensor(s.completion_ids)]
+        behav[i, :n] = torch.tensor(s.behav_logprobs)
+        mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+    adv = torch.tensor([s.advantage for s in batch])
+    loss, _ = policy_loss(logp, behav, adv, mask, 0.2, 0.28, "ppo_clip", token_normalizer=float(mask.sum()))
+    loss.backward()
+    want = torch.cat([p.grad.flatten() for p in tr.params])
+    assert want.abs().max() > 0
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)

@@ -1,0 +1,117 @@
+"""One learner step in each synchronisation mode (Echo): sequential pull and async push-pull.
+
+Both read in order: wait for a batch (the time spent here is ``learner_idle_s``) -> rewards
+recomputed with ``tasks/`` -> advantages -> GRPO update (in a worker thread, so the service
+keeps serving leases and pushes meanwhile) -> publish version ``v + 1``.
+
+- **Sequential:** add this step's prompt groups, lease them for version ``v``, wait for all of
+  them, train. Generation and training alternate.
+- **Async:** the prompt supply is topped up to ``sync.max_inflight_groups`` groups in flight;
+  nodes generate continuously (each group under the version current when it was leased); a
+  batch is the oldest admissible groups of the replay buffer (staleness <= ``S``). While the
+  learner trains, nodes keep generating for the next batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import trio
+
+from learner.coordinator import COMPLETED, CompletedGroup, GroupSpec
+from learner.episodes import initial_prompt
+from learner.publish import adapter_reply
+
+#: Print a "waiting for rollouts" line when a batch has made no progress for this long.
+WAIT_REPORT_S = 30.0
+
+
+def add_problems(ctx, n: int) -> list[str]:
+    """Add ``n`` new prompt groups (the next problems of the train split); returns their ids."""
+    specs = []
+    for idx in range(ctx.state.next_problem, ctx.state.next_problem + n):
+        problem = ctx.task.problem("train", idx)
+        prompt = initial_prompt(ctx.task, ctx.tokenizer, problem, ctx.cfg.task.multi_turn)
+        specs.append(GroupSpec(f"g{idx}", prompt, str(idx)))
+    ctx.state.next_problem += n
+    ctx.coord.add_groups(specs)
+    ctx.service.notify()
+    return [s.group_id for s in specs]
+
+
+def top_up(ctx) -> None:
+    """Async mode: keep ``sync.max_inflight_groups`` groups pending, leased or buffered."""
+    missing = ctx.cfg.sync.inflight_limit(ctx.cfg.train.prompts_per_step) - ctx.coord.in_flight()
+    if missing > 0:
+        add_problems(ctx, missing)
+
+
+async def _wait_until(ctx, ready, describe) -> None:
+    while not ready():
+        with trio.move_on_after(WAIT_REPORT_S) as scope:
+            await ctx.service.wait_changed()
+        if scope.cancelled_caught:
+            ctx.console(f"learner: step {ctx.state.step + 1} waiting for rollouts ({describe()}, "
+                        f"{len(ctx.service.nodes)} node(s) joined)")
+
+
+async def sequential_step(ctx) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    ids = add_problems(ctx, ctx.cfg.train.prompts_per_step)
+    coord = ctx.coord
+    await _wait_until(ctx, lambda: all(coord.ledger[g] == COMPLETED for g in ids),
+                      lambda: f"{sum(coord.ledger[g] == COMPLETED for g in ids)}/{len(ids)} groups")
+    idle = time.perf_counter() - t0
+    return await _train_and_publish(ctx, coord.take(ids), t0, idle)
+
+
+async def async_step(ctx) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    coord, n = ctx.coord, ctx.cfg.train.prompts_per_step
+    top_up(ctx)
+    await _wait_until(ctx, lambda: coord.ready() >= n, lambda: f"{coord.ready()}/{n} groups ready")
+    idle = time.perf_counter() - t0
+    groups = coord.take_batch(n)
+    top_up(ctx)  # nodes generate the next batches while this one trains
+    return await _train_and_publish(ctx, groups, t0, idle)
+
+
+async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle: float) -> dict[str, Any]:
+    from learner.loop import score_groups
+
+    state = ctx.state
+    samples, rewards = score_groups(groups, ctx.task, ctx.tokenizer)
+    t1 = time.perf_counter()
+    stats = await trio.to_thread.run_sync(ctx.trainer.train_step, samples)
+    train_s = time.perf_counter() - t1
+    trained_on = state.version
+    state.step += 1
+    state.version += 1
+    ctx.service.publish(adapter_reply(ctx.trainer.export_adapter(state.version)))
+    step_time = time.perf_counter() - t0
+    comps = [c for g in groups for c in g.result.completions]
+    lags = Counter(trained_on - g.result.version for g in groups for _ in g.result.completions)
+    return {
+        **{f"train_{k}" if k in ("step", "step_time_s", "tokens", "sequences") else k: v
+           for k, v in stats.items() if isinstance(v, (int, float))},
+        "step": state.step,
+        "policy_version": state.version,
+        "trained_on_version": trained_on,
+        "reward_mean": sum(rewards) / len(rewards),
+        "samples": len(rewards),
+        "step_time_s": round(step_time, 3),
+        "learner_idle_s": round(idle, 3),
+        "gen_wait_s": round(idle, 3),
+        "train_s": round(train_s, 3),
+        "samples_per_s": round(len(rewards) / max(step_time, 1e-9), 3),
+        "nodes": ctx.service.take_contributions(),
+        "rollout_versions": sorted({g.result.version for g in groups}),
+        "staleness_hist": {str(k): v for k, v in sorted(lags.items())},
+        "staleness_max": max(lags, default=0),
+        "dropped": ctx.coord.take_drop_counts(),
+        "buffer_groups": len(ctx.coord.completed),
+        "mean_completion_tokens": sum(len(c.token_ids) for c in comps) / len(comps),
+        "stop_frac": sum(c.finish_reason == "stop" for c in comps) / len(comps),
+    }
