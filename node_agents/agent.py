@@ -12,8 +12,10 @@ import time
 
 import trio
 
+from node_agents.adapter_sync import AdapterSync
 from node_agents.backends.base import Backend, LoraAdapter, SamplingParams
 from node_agents.config import NodeConfig
+from node_agents.episodes import EpisodeError, EpisodeRunner
 from swarm.errors import SwarmError
 from swarm.proto import ADAPTER, HELLO, ROLLOUTS, WORK
 from swarm.proto.adapter import AdapterReply, AdapterRequest, decode_tensors
@@ -46,9 +48,13 @@ class NodeAgent:
         self.name = name
         #: (run id, version) of the adapter installed in the backend.
         self.adapter_key: tuple[str, int] | None = None
+        #: Adapter dissemination (push tree) client; started at the first join.
+        self.sync: AdapterSync | None = None
         self.run_id = ""
         self.pushed_completions = 0
         self.leases_done = 0
+        #: Multi-turn leases: tokenizer and task, built at the first such lease.
+        self.episodes = EpisodeRunner(cfg.model)
 
     def say(self, text: str) -> None:
         print(f"[{self.name}] {text}", flush=True)
@@ -59,6 +65,7 @@ class NodeAgent:
         while True:
             try:
                 peer = await self._join(host)
+                await self._start_sync(host, peer)
                 attempt = 0
                 if await self._work_loop(host, peer):
                     self.say(f"run finished: {self.leases_done} leases, {self.pushed_completions} rollouts pushed")
@@ -101,10 +108,24 @@ class NodeAgent:
                 continue
             await self._serve_lease(host, peer, reply.lease)
 
+    async def _start_sync(self, host, peer: str) -> None:
+        """Serve the dissemination protocols and register with the learner's push tree."""
+        if self.sync is None or self.sync.learner_peer != peer:
+            self.sync = AdapterSync(host, peer, upload_bps=self.cfg.upload_mbps * 125_000)
+        await self.sync.join(self.run_id)
+
     async def _ensure_adapter(self, host, peer: str, version: int) -> None:
+        """Install ``version`` before the next group (so a version switch happens between
+        groups): from the push tree if it delivered it, else by direct fetch."""
         if self.adapter_key == (self.run_id, version):
             return
         t0 = time.perf_counter()
+        adapter = await self.sync.adapter(version) if self.sync is not None else None
+        if adapter is not None:
+            await trio.to_thread.run_sync(self.backend.set_adapter, adapter)
+            self.adapter_key = (self.run_id, version)
+            log.info("adapter v%d (%s, pushed) installed in %.2fs", version, self.sync.mode, time.perf_counter() - t0)
+            return
         reply = await host.request(
             peer, ADAPTER, AdapterRequest(version=version), AdapterReply, timeout=self.cfg.request_timeout_s
         )
@@ -114,9 +135,11 @@ class NodeAgent:
             version=reply.version, rank=reply.rank, alpha=reply.alpha,
             target_modules=list(reply.target_modules), tensors=decode_tensors(reply.tensors),
         )
+        if self.sync is not None:
+            self.sync.remember(version, adapter.tensors)
         await trio.to_thread.run_sync(self.backend.set_adapter, adapter)
         self.adapter_key = (self.run_id, version)
-        log.info("adapter v%d installed in %.2fs", version, time.perf_counter() - t0)
+        log.info("adapter v%d (direct fetch) installed in %.2fs", version, time.perf_counter() - t0)
 
     async def _serve_lease(self, host, peer: str, lease: Lease) -> None:
         await self._ensure_adapter(host, peer, lease.version)
@@ -126,11 +149,18 @@ class NodeAgent:
         tokens = 0
         for g in lease.groups:
             params = SamplingParams(s.temperature, s.top_p, s.max_tokens, group_seed(s.seed, g.group_id))
-            comps = await trio.to_thread.run_sync(self.backend.generate_group, g.prompt_ids, lease.group_size, params)
-            tokens += sum(len(c.token_ids) for c in comps)
+            if lease.episode:  # multi-turn: run the task's environment (node_agents/episodes.py)
+                try:
+                    comps = await trio.to_thread.run_sync(self.episodes.run_group, self.backend, lease, g, params)
+                except EpisodeError as e:
+                    raise LearnerGone(f"cannot run the episodes of lease {lease.lease_id}: {e}") from e
+            else:
+                comps = await trio.to_thread.run_sync(self.backend.generate_group, g.prompt_ids, lease.group_size, params)
+            tokens += sum(getattr(c, "model_tokens", len(c.token_ids)) for c in comps)
             results.append(GroupResult(
                 group_id=g.group_id, version=lease.version,
-                completions=[Completion(c.token_ids, c.logprobs, c.finish_reason) for c in comps],
+                completions=[Completion(c.token_ids, c.logprobs, c.finish_reason, getattr(c, "mask", []))
+                             for c in comps],
             ))
         gen_s = time.perf_counter() - t0
         push = RolloutPush(lease_id=lease.lease_id, groups=results, gen_s=gen_s, gen_tokens=tokens,

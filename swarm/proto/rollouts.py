@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from swarm.wire import Message, bounded
+from swarm.wire import Message, WireError, bounded
 
 
 @dataclass
@@ -14,8 +14,20 @@ class Completion(Message):
     token_ids: list[int]
     #: Behaviour log-probability of each sampled token under the policy that sampled it.
     logprobs: list[float]
-    #: ``stop`` (end-of-generation token) or ``length`` (hit max_tokens).
+    #: ``stop`` (end-of-generation token) or ``length`` (hit max_tokens); for a multi-turn
+    #: episode, how its last model turn ended.
     finish_reason: str
+    #: Multi-turn episodes: 1 where the model sampled the token, 0 where the environment
+    #: appended it (those carry log-prob 0.0). Empty = every token is a model token (single
+    #: turn); otherwise exactly as long as ``token_ids``.
+    mask: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.mask:
+            if len(self.mask) != len(self.token_ids):
+                raise WireError(f"completion.mask: {len(self.mask)} entries for {len(self.token_ids)} tokens")
+            if any(m not in (0, 1) or isinstance(m, bool) for m in self.mask):
+                raise WireError("completion.mask: entries must be 0 or 1")
 
 
 @dataclass

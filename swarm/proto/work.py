@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from swarm.wire import Message, bounded, bounded_default
 
@@ -33,6 +34,10 @@ class PromptGroup(Message):
     group_id: str
     #: Prompt as token ids, already rendered with the model's chat template by the learner.
     prompt_ids: list[int] = bounded(max_items=65536)
+    #: Multi-turn episodes: the problem this group poses, as (split, index) of the lease's task,
+    #: so the node can rebuild it (``""``/-1 in single-turn leases).
+    problem_split: str = ""
+    problem_index: int = bounded_default(-1, min=-1)
 
 
 @dataclass
@@ -47,6 +52,18 @@ class Lease(Message):
     groups: list[PromptGroup] = bounded(max_items=1024)
     #: Seconds from issue until the lease expires and its groups are re-issued elsewhere.
     deadline_s: float = bounded(min=0.0)
+    #: ``""``: single turn (one completion per prompt). Otherwise the name of the task whose
+    #: environment the node runs: each group is ``group_size`` multi-turn episodes
+    #: (``docs/architecture.md``, "Multi-turn episodes"). Older nodes ignore the fields below.
+    episode: str = ""
+    #: Multi-turn: the task's seed and options (``tasks.registry.make_task``), so the node
+    #: rebuilds exactly the learner's problems, prompts and environment.
+    task_seed: int = bounded_default(0, min=0, max=2**63 - 1)
+    task_options: dict[str, Any] = field(default_factory=dict)
+    #: Multi-turn: most assistant turns per episode.
+    max_turns: int = bounded_default(0, min=0, max=1024)
+    #: Multi-turn: most tokens after the initial prompt (model and environment tokens together).
+    max_episode_tokens: int = bounded_default(0, min=0, max=1_000_000)
 
 
 @dataclass

@@ -1,0 +1,132 @@
+"""The learner's side of multi-turn episodes (``task.multi_turn = true``).
+
+- :func:`run_task` builds the run's task (``task.max_turns`` merged into its options) and
+  refuses ``multi_turn`` for a task without an environment.
+- :class:`EpisodeSettings` is what every multi-turn lease carries (task name, seed, options,
+  turn and token limits) and the coordinator's limits for episodes.
+- :func:`make_verifier` is the coordinator's check of an arriving group: every episode is
+  replayed (``tasks.episode_tokens.replay_record``) and its environment turns must be exactly
+  the tokens this side computes; a group with one bad episode is rejected and re-issued.
+- :func:`score_episode_group` recomputes the rewards: the model's turns are cut out of the
+  record by the mask, the environment replays their actions from the problem's start, and the
+  task's documented shaping gives the reward (``task.episode_reward``); nothing the node
+  computed is trusted. Each episode becomes one training sample whose loss mask covers the
+  model's tokens only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from tasks.episode_tokens import episode_prompt, replay_record
+
+log = logging.getLogger("echo_swarm.learner")
+
+#: Token allowance per turn for the environment's observation in the default episode budget.
+ENV_TURN_TOKENS = 128
+
+
+def task_options(task_cfg: Any) -> dict[str, Any]:
+    """The task's options with ``task.max_turns`` merged in (multi-turn runs only)."""
+    options = dict(task_cfg.options or {})
+    max_turns = int(getattr(task_cfg, "max_turns", 0) or 0)
+    if max_turns < 0:
+        raise ValueError("task.max_turns must be >= 0")
+    if max_turns and not getattr(task_cfg, "multi_turn", False):
+        raise ValueError("task.max_turns applies only with task.multi_turn = true")
+    if max_turns:
+        if "max_turns" in options and options["max_turns"] != max_turns:
+            raise ValueError(f"task.max_turns = {max_turns} contradicts task.options.max_turns = {options['max_turns']}")
+        options["max_turns"] = max_turns
+    return options
+
+
+def run_task(task_cfg: Any):
+    """The run's task; ``ValueError`` (a config error) for ``multi_turn`` on a task without an
+    environment, or for a bad ``max_turns`` / ``max_episode_tokens``."""
+    from tasks.interface import is_env_task
+    from tasks.registry import make_task
+
+    if int(getattr(task_cfg, "max_episode_tokens", 0) or 0) < 0:
+        raise ValueError("task.max_episode_tokens must be >= 0")
+    task = make_task(SimpleNamespace(name=task_cfg.name, seed=task_cfg.seed, options=task_options(task_cfg)))
+    if getattr(task_cfg, "multi_turn", False) and not is_env_task(task):
+        raise ValueError(f"task.multi_turn = true needs a task with an environment; {task_cfg.name!r} has none "
+                         "(multi-turn tasks: sokoban)")
+    return task
+
+
+@dataclass
+class EpisodeSettings:
+    """What a multi-turn lease tells a node, and the coordinator's limits for episodes."""
+
+    task: str
+    seed: int
+    options: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 1
+    max_episode_tokens: int = 1
+
+    def lease_fields(self) -> dict[str, Any]:
+        """Keyword arguments of ``swarm.proto.work.Lease``."""
+        return dict(episode=self.task, task_seed=self.seed, task_options=dict(self.options),
+                    max_turns=self.max_turns, max_episode_tokens=self.max_episode_tokens)
+
+    def limits(self) -> dict[str, int]:
+        """Keyword arguments of ``learner.coordinator.Limits``."""
+        return dict(max_turns=self.max_turns, max_episode_tokens=self.max_episode_tokens)
+
+
+def episode_settings(cfg: Any, task: Any) -> EpisodeSettings | None:
+    """The run's episode settings, or ``None`` for a single-turn run."""
+    if not cfg.task.multi_turn:
+        return None
+    turns = int(task.max_turns)
+    budget = int(cfg.task.max_episode_tokens) or turns * (int(cfg.train.max_tokens) + ENV_TURN_TOKENS)
+    return EpisodeSettings(cfg.task.name, int(cfg.task.seed), task_options(cfg.task), turns, budget)
+
+
+def initial_prompt(task: Any, tokenizer: Any, problem: Any, multi_turn: bool) -> list[int]:
+    """The prompt of a group: the single-turn prompt, or the episode's first turn."""
+    if multi_turn:
+        return episode_prompt(task, tokenizer, problem)
+    return task.render_prompt(tokenizer, problem)
+
+
+def make_verifier(task: Any, tokenizer: Any) -> Callable[[Any, Any], str | None]:
+    """``verify(spec, result) -> reason or None`` for ``Coordinator.verify``: replays every
+    episode of the group (runs after the coordinator's structural checks)."""
+    def verify(spec, result) -> str | None:
+        try:
+            problem = task.problem("train", int(spec.problem_ref))
+            for j, c in enumerate(result.completions):
+                error = replay_record(task, problem, tokenizer, c.token_ids, c.mask).error
+                if error is not None:
+                    return f"episode_replay: episode {j}: {error}"
+        except Exception as e:  # a record this side cannot even decode is the sender's fault
+            log.warning("episode replay of %s failed: %r", spec.group_id, e)
+            return f"episode_replay: {type(e).__name__}: {e}"
+        return None
+    return verify
+
+
+def score_episode_group(group: Any, task: Any, tokenizer: Any) -> tuple[list, list[float]]:
+    """(training samples, rewards) of one completed multi-turn group (see the module docstring)."""
+    from learner.grpo import group_advantages
+    from learner.trainer import TrainSample
+
+    problem = task.problem("train", int(group.spec.problem_ref))
+    rewards = []
+    for c in group.result.completions:
+        replay = replay_record(task, problem, tokenizer, c.token_ids, c.mask)
+        if replay.error is not None:  # the coordinator's verifier refuses these; never trust one
+            log.warning("group %s: episode scored 0: %s", group.spec.group_id, replay.error)
+            rewards.append(0.0)
+        else:
+            rewards.append(float(task.episode_reward(problem, replay.texts)))
+    adv = group_advantages(rewards).tolist()
+    samples = [TrainSample(group.spec.prompt_ids, c.token_ids, c.logprobs, float(a), loss_mask=list(c.mask))
+               for c, a in zip(group.result.completions, adv)]
+    return samples, rewards
