@@ -145,8 +145,32 @@ class LearnerDissem:
                   if p in self.members]
         holders = [PeerRef(m.peer_id, list(m.addrs)) for m in chosen]
         self.started_at[asm.version] = time.time()
-        self._nursery.start_soon(self.dis.broadcast, asm, self.plan(chosen), holders)
+        plan = self.plan(chosen)
+        self._nursery.start_soon(self.dis.broadcast, asm, plan, holders)
+        self._nursery.start_soon(self._watch, asm, plan, chosen, holders)
         return _reply(adapter, recon)
+
+    def watch_delay(self, plan: Plan, chosen: list[Member], total_bytes: int) -> float:
+        """How long the tree gets to deliver a version before the learner announces it to the
+        nodes that have not reported it: a stall timeout per level (plus two), plus the
+        transfer time over the slowest known upload link."""
+        known = [m.upload_bps for m in chosen if m.upload_bps > 0]
+        transfer = total_bytes / min(known) if known else 0.0
+        return self.cfg.stall_timeout_s * (plan.depth() + 2) + transfer
+
+    async def _watch(self, asm: Assembly, plan: Plan, chosen: list[Member], holders: list[PeerRef]) -> None:
+        """A relay that dies before passing anything on leaves its subtree unaware of the
+        version; after :meth:`watch_delay` the learner announces it (manifest + holders) to
+        every chosen node that has not reported it, and those nodes repair from peers."""
+        await trio.sleep(self.watch_delay(plan, chosen, asm.manifest.total_bytes))
+        done = self.have.get(asm.version, {})
+        late = [m for m in chosen if m.peer_id in self.members and m.peer_id not in done]
+        if late and self.store.get(asm.version) is asm:
+            log.warning("dissem: v%d not reported by %d node(s) after the broadcast; announcing it to them",
+                        asm.version, len(late))
+            async with trio.open_nursery() as nursery:
+                for m in late:
+                    nursery.start_soon(self.dis.announce, asm, PeerRef(m.peer_id, list(m.addrs)), holders)
 
     def submit(self, reply: AdapterReply) -> None:
         """Queue a version the learner service just published (encoded and pushed by :meth:`run`)."""

@@ -114,6 +114,28 @@ class Disseminator:
         if last is not None:
             raise last
 
+    async def announce(self, asm: Assembly, ref: PeerRef, holders: list[PeerRef]) -> None:
+        """Tell ``ref`` about ``asm`` with a header-only push: it learns the signed manifest and
+        the holders, sees the stream end with every chunk missing, and repairs from peers.
+        For a node whose relay died before passing anything on (it never heard of the version)."""
+        s = self.settings
+        try:
+            await self._dial(ref)
+            stream = await self.host.open_stream(ref.peer_id, DISSEM_PUSH, timeout=s.stall_timeout_s)
+        except SwarmError as e:
+            log.warning("v%d: cannot announce to %s (%s)", asm.version, ref.peer_id[-8:], e)
+            return
+        ok = False
+        try:
+            header = PushHeader(asm.manifest, 0, 1, [], holders)
+            await write_frame(stream, header.to_wire(), timeout=s.stall_timeout_s,
+                              max_size=self.host.config.max_frame_bytes)
+            ok = True
+        except (SwarmError, WireError) as e:
+            log.warning("v%d: announce to %s failed: %s", asm.version, ref.peer_id[-8:], e)
+        finally:
+            await _close(stream, reset=not ok)
+
     async def feed(self, asm: Assembly, stripe: int, stripes: int, sub: Subtree, holders: list[PeerRef]) -> None:
         """Send stripe ``stripe`` of ``asm`` to ``sub.peer`` (who relays to its children)."""
         child = sub.peer.peer_id
