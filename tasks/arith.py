@@ -21,10 +21,12 @@ the ``Answer:`` line at all (0 of 88 samples over four prompt wordings).
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from tasks.base import (
+    chat_messages,
+    config_key,
     SPLITS,
     Problem,
     Split,
@@ -127,8 +129,7 @@ class ArithTask:
         self.seed = int(seed)
         # Only the knobs that shape questions key the draws: prompt/reward knobs (fewshot,
         # format_reward) leave the problems unchanged.
-        self._config_key = tuple(sorted((k, v) for k, v in asdict(self.config).items() if k not in PROMPT_KNOBS))
-        self._tag = "%08x" % (stable_hash("arith-config", self._config_key) & 0xFFFFFFFF)
+        self._config_key, self._tag = config_key("arith", self.config, PROMPT_KNOBS)
 
     # -- problems -------------------------------------------------------------------------
     def split_of(self, question: str) -> Split:
@@ -188,12 +189,8 @@ class ArithTask:
     def messages(self, problem: Problem) -> list[dict[str, str]]:
         """System message, ``fewshot`` worked (user, assistant) example turns, then the user
         question; every user turn asks for the strict ``Answer: <integer>`` last line."""
-        msgs = [{"role": "system", "content": SYSTEM_PROMPT}]
-        for question, reply in FEWSHOT_EXAMPLES[:self.config.fewshot]:
-            msgs.append({"role": "user", "content": f"{question}\n{FORMAT_INSTRUCTION}"})
-            msgs.append({"role": "assistant", "content": reply})
-        msgs.append({"role": "user", "content": f"{problem.question}\n{FORMAT_INSTRUCTION}"})
-        return msgs
+        examples = [(f"{q}\n{FORMAT_INSTRUCTION}", r) for q, r in FEWSHOT_EXAMPLES[:self.config.fewshot]]
+        return chat_messages(SYSTEM_PROMPT, examples, f"{problem.question}\n{FORMAT_INSTRUCTION}")
 
     def render_prompt(self, tokenizer: Any, problem: Problem) -> list[int]:
         """Prompt token ids via ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``."""

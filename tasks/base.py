@@ -104,3 +104,22 @@ def render_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[in
     # The template already contains any BOS/special tokens it wants; do not add more.
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return [int(t) for t in ids]
+
+
+def config_key(name: str, config: Any, prompt_knobs: tuple[str, ...]) -> tuple[tuple, str]:
+    """``(key, tag)`` of a task config: the sorted fields that shape problems (prompt/reward
+    knobs leave problems unchanged, so they are left out) and an 8-hex-digit tag of them."""
+    from dataclasses import asdict
+
+    key = tuple(sorted((k, v) for k, v in asdict(config).items() if k not in prompt_knobs))
+    return key, "%08x" % (stable_hash(f"{name}-config", key) & 0xFFFFFFFF)
+
+
+def chat_messages(system: str, examples: Any, question: str) -> list[dict[str, str]]:
+    """System message, worked ``(user, assistant)`` example turns, then the user question."""
+    msgs = [{"role": "system", "content": system}]
+    for user, reply in examples:
+        msgs.append({"role": "user", "content": user})
+        msgs.append({"role": "assistant", "content": reply})
+    msgs.append({"role": "user", "content": question})
+    return msgs

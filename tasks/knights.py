@@ -29,10 +29,12 @@ from __future__ import annotations
 import itertools
 import random
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from tasks.base import MAX_COMPLETION_CHARS, SPLITS, Problem, Split, render_prompt as _render_messages, stable_hash
+from tasks.base import (
+    MAX_COMPLETION_CHARS, SPLITS, Problem, Split, chat_messages, config_key, render_prompt as _render_messages, stable_hash,
+)
 
 OPERATORS = ("not", "and", "or", "iff", "implies")
 NAMES = ("Alice", "Bob", "Carol", "David", "Eve", "Frank", "Grace", "Henry", "Iris", "Jack",
@@ -230,8 +232,7 @@ class KnightsTask:
     def __init__(self, config: KnightsConfig | None = None, seed: int = 0) -> None:
         self.config = config or KnightsConfig()
         self.seed = int(seed)
-        self._key = tuple(sorted((k, v) for k, v in asdict(self.config).items() if k not in PROMPT_KNOBS))
-        self._tag = "%08x" % (stable_hash("knights-config", self._key) & 0xFFFFFFFF)
+        self._key, self._tag = config_key("knights", self.config, PROMPT_KNOBS)
 
     def split_of(self, question: str) -> Split:
         return "eval" if stable_hash("knights-split", question) % self.config.eval_buckets == 0 else "train"
@@ -261,12 +262,10 @@ class KnightsTask:
         raise RuntimeError("no unique-solution puzzle found for this split")
 
     def messages(self, problem: Problem) -> list[dict[str, str]]:
-        msgs = [{"role": "system", "content": SYSTEM_PROMPT}]
-        for (names, _, _), (question, reply) in list(zip(FEWSHOT_PUZZLES, FEWSHOT_EXAMPLES))[:self.config.fewshot]:
-            msgs.append({"role": "user", "content": f"{question}\n{format_instruction(list(names))}"})
-            msgs.append({"role": "assistant", "content": reply})
-        msgs.append({"role": "user", "content": f"{problem.question}\n{format_instruction(list(problem.data[0]))}"})
-        return msgs
+        examples = [(f"{question}\n{format_instruction(list(names))}", reply) for (names, _, _), (question, reply)
+                    in list(zip(FEWSHOT_PUZZLES, FEWSHOT_EXAMPLES))[:self.config.fewshot]]
+        return chat_messages(SYSTEM_PROMPT, examples,
+                             f"{problem.question}\n{format_instruction(list(problem.data[0]))}")
 
     def render_prompt(self, tokenizer: Any, problem: Problem) -> list[int]:
         return _render_messages(tokenizer, self.messages(problem))

@@ -20,10 +20,10 @@ answer-only worked examples in the prompt, progress shaping 0.3. Measured with l
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-from tasks.base import SPLITS, Problem, Split, render_prompt as _render_messages, stable_hash
+from tasks.base import SPLITS, Problem, Split, chat_messages, config_key, render_prompt as _render_messages, stable_hash
 from tasks.interface import Role
 from tasks.sokoban.actions import MAX_MOVES, episode_moves, moves_reward, parse_moves
 from tasks.sokoban.env import SokobanEnv, observation
@@ -94,8 +94,7 @@ class SokobanTask:
         self.config = config or SokobanConfig()
         self.seed = int(seed)
         self.max_turns = self.config.max_turns
-        self._key = tuple(sorted((k, v) for k, v in asdict(self.config).items() if k not in PROMPT_KNOBS))
-        self._tag = "%08x" % (stable_hash("sokoban-config", self._key) & 0xFFFFFFFF)
+        self._key, self._tag = config_key("sokoban", self.config, PROMPT_KNOBS)
 
     # -- problems ---------------------------------------------------------------------------
     def split_of(self, board: str) -> Split:
@@ -120,12 +119,9 @@ class SokobanTask:
 
     # -- single turn ------------------------------------------------------------------------
     def messages(self, problem: Problem) -> list[dict[str, str]]:
-        msgs = [{"role": "system", "content": RULES}]
-        for rows, reply in FEWSHOT_EXAMPLES[:self.config.fewshot]:
-            msgs.append({"role": "user", "content": f"{observation(parse_level(rows))}\n{FORMAT_INSTRUCTION}"})
-            msgs.append({"role": "assistant", "content": reply})
-        msgs.append({"role": "user", "content": f"{observation(parse_level(problem.data))}\n{FORMAT_INSTRUCTION}"})
-        return msgs
+        examples = [(f"{observation(parse_level(rows))}\n{FORMAT_INSTRUCTION}", reply)
+                    for rows, reply in FEWSHOT_EXAMPLES[:self.config.fewshot]]
+        return chat_messages(RULES, examples, f"{observation(parse_level(problem.data))}\n{FORMAT_INSTRUCTION}")
 
     def render_prompt(self, tokenizer: Any, problem: Problem) -> list[int]:
         return _render_messages(tokenizer, self.messages(problem))
