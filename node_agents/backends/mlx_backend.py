@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from node_agents.backends.base import Capabilities, LoraAdapter, SampledCompletion, SamplingParams, generate_in_chunks
-from node_agents.backends.sampling import record_step, sample_rows
+from node_agents.backends.sampling import chunk_state, record_step, sample_rows
 
 
 class MlxBackend:
@@ -149,14 +149,10 @@ class MlxBackend:
         mx = self._mx
         from mlx_lm.models.cache import make_prompt_cache
 
-        limit = min(int(params.max_tokens), self.n_ctx - len(prompt))
-        if limit <= 0:
+        state = chunk_state(len(prompt), self.n_ctx, first, m, params)
+        if state is None:
             return [SampledCompletion([], [], "length") for _ in range(m)]
-        seed = int(params.seed) % (1 << 64)
-        rngs = [np.random.default_rng([seed, first + j]) for j in range(m)]
-        tokens: list[list[int]] = [[] for _ in range(m)]
-        logprobs: list[list[float]] = [[] for _ in range(m)]
-        finish = ["length"] * m
+        limit, rngs, tokens, logprobs, finish = state
         cache = make_prompt_cache(self._model)
         rows = self._rows(self._model(mx.array([prompt]), cache=cache))  # [1, vocab]
         if m > 1:

@@ -118,3 +118,15 @@ def record_step(toks, lps, active: list[int], tokens: list[list[int]], logprobs:
             keep_rows.append(i)
             still.append(j)
     return keep_rows, still
+
+
+def chunk_state(prompt_len: int, n_ctx: int, first: int, m: int, params) -> tuple | None:
+    """Per-chunk decoding state of completions ``first .. first+m-1`` of a group:
+    ``(limit, rngs, tokens, logprobs, finish)``, or ``None`` when the prompt leaves no room.
+    Completion ``j`` draws from ``default_rng([seed, j])``, the same on every backend."""
+    limit = min(int(params.max_tokens), n_ctx - prompt_len)
+    if limit <= 0:
+        return None
+    seed = int(params.seed) % (1 << 64)
+    rngs = [np.random.default_rng([seed, first + j]) for j in range(m)]
+    return limit, rngs, [[] for _ in range(m)], [[] for _ in range(m)], ["length"] * m

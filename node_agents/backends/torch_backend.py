@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from node_agents.backends.base import Capabilities, LoraAdapter, SampledCompletion, SamplingParams, generate_in_chunks
-from node_agents.backends.sampling import record_step, sample_rows
+from node_agents.backends.sampling import chunk_state, record_step, sample_rows
 
 
 def pick_device_dtype(cuda_available: bool, bf16_supported: bool, device: str | None = None,
@@ -183,14 +183,10 @@ class TorchBackend:
         torch = self._torch
         from transformers import DynamicCache
 
-        limit = min(int(params.max_tokens), self.n_ctx - len(prompt))
-        if limit <= 0:
+        state = chunk_state(len(prompt), self.n_ctx, first, m, params)
+        if state is None:
             return [SampledCompletion([], [], "length") for _ in range(m)]
-        seed = int(params.seed) % (1 << 64)
-        rngs = [np.random.default_rng([seed, first + j]) for j in range(m)]
-        tokens: list[list[int]] = [[] for _ in range(m)]
-        logprobs: list[list[float]] = [[] for _ in range(m)]
-        finish = ["length"] * m
+        limit, rngs, tokens, logprobs, finish = state
         with torch.inference_mode(), self._adapter_context():
             cache = DynamicCache(config=self._base.config)
             out = self._model(input_ids=torch.tensor([prompt], device=self.device), past_key_values=cache,
