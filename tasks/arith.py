@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.base import (
-    chat_messages,
+    chat_messages, check_coordinates,
     config_key,
-    SPLITS,
     Problem,
     Split,
     parse_final_answer,
@@ -139,10 +138,7 @@ class ArithTask:
 
     def problem(self, split: Split, index: int) -> Problem:
         """Problem ``index`` (>= 0) of ``split``; see the module docstring for the guarantees."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        if index < 0:
-            raise ValueError("index must be >= 0")
+        check_coordinates(split, index)
         for attempt in range(MAX_ATTEMPTS):
             rng = random.Random(stable_hash("arith", self._config_key, self.seed, split, index, attempt))
             question, answer = self._draw(rng)

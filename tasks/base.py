@@ -123,3 +123,11 @@ def chat_messages(system: str, examples: Any, question: str) -> list[dict[str, s
         msgs.append({"role": "assistant", "content": reply})
     msgs.append({"role": "user", "content": question})
     return msgs
+
+
+def check_coordinates(split: str, index: int) -> None:
+    """Raise ``ValueError`` unless ``split`` is a known split and ``index >= 0``."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if index < 0:
+        raise ValueError("index must be >= 0")

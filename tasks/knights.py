@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.base import (
-    MAX_COMPLETION_CHARS, SPLITS, Problem, Split, chat_messages, config_key, render_prompt as _render_messages, stable_hash,
+    MAX_COMPLETION_CHARS, Problem, Split, chat_messages, check_coordinates, config_key, render_prompt as _render_messages, stable_hash,
 )
 
 OPERATORS = ("not", "and", "or", "iff", "implies")
@@ -246,10 +246,7 @@ class KnightsTask:
         return names, statements, solutions(statements)
 
     def problem(self, split: Split, index: int) -> Problem:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        if index < 0:
-            raise ValueError("index must be >= 0")
+        check_coordinates(split, index)
         for attempt in range(MAX_ATTEMPTS):
             rng = random.Random(stable_hash("knights", self._key, self.seed, split, index, attempt))
             names, statements, sols = self.draw(rng)

@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from tasks.base import SPLITS, Problem, Split, chat_messages, config_key, render_prompt as _render_messages, stable_hash
+from tasks.base import Problem, Split, chat_messages, check_coordinates, config_key, render_prompt as _render_messages, stable_hash
 from tasks.interface import Role
 from tasks.sokoban.actions import MAX_MOVES, episode_moves, moves_reward, parse_moves
 from tasks.sokoban.env import SokobanEnv, observation
@@ -101,10 +101,7 @@ class SokobanTask:
         return "eval" if stable_hash("sokoban-split", board) % self.config.eval_buckets == 0 else "train"
 
     def problem(self, split: Split, index: int) -> Problem:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        if index < 0:
-            raise ValueError("index must be >= 0")
+        check_coordinates(split, index)
         for attempt in range(MAX_ATTEMPTS):
             rng = random.Random(stable_hash("sokoban", self._key, self.seed, split, index, attempt))
             drawn = draw_level(self.config, rng)
