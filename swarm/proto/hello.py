@@ -22,6 +22,15 @@ class Hello(Message):
     software: str = "echo-swarm"
     #: Free-form extra capabilities (cores, GPU name, ...); strings only.
     extra: dict[str, str] = field(default_factory=dict)
+    #: Content hash (hex SHA-256, see ``swarm.content``) of the base model the node runs;
+    #: empty = not known. The learner refuses a node whose model is not the run's.
+    model_sha256: str = ""
+    #: Run name the node asked for (``--run``); empty = any run of this learner.
+    run_name: str = ""
+    #: Multiaddrs the node advertises (dialable ones only, each ending in ``/p2p/<id>``).
+    addrs: list[str] = field(default_factory=list)
+    #: Join token minted by the operator (``swarm-learner token``), for allowlist admission.
+    join_token: str = ""
 
 
 @dataclass
@@ -36,3 +45,9 @@ class HelloAck(Message):
     current_version: int = bounded(min=0)
     #: Why the node was refused (empty when accepted).
     reason: str = ""
+    #: Human-readable run name (``--run``), announced in the swarm.
+    run_name: str = ""
+    #: Content hash (hex SHA-256) of the run's base model.
+    model_sha256: str = ""
+    #: Seconds a refused node should wait before trying again (0 = its own backoff).
+    retry_after_s: float = 0.0
