@@ -13,6 +13,8 @@ import re
 import numpy as np
 import pytest
 
+from netns_hosts import netns_hosts  # noqa: E402,F401  (emulated hosts in network namespaces)
+
 SPECIALS = ("<|im_start|>", "<|im_end|>")
 SPECIAL_BASE = 1_000_000
 
