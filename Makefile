@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # llama-cpp-python builds from source; the multimodal part is not needed.
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install demo test test-slow bench clean netns-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,14 +23,26 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/swarm-learner demo --nodes 2
 
-test: $(STAMP)
+test: $(STAMP) netns-tools
 	$(BIN)/python -m pytest -q
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) netns-tools
 	$(BIN)/python -m pytest -q -m slow
 
 bench: $(STAMP)
 	$(BIN)/swarm-bench throughput
+
+# Emulated-host tests (network namespaces) need iproute2 and nftables; installed when root and
+# missing, elsewhere those tests skip with the reason.
+netns-tools:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	   { ! command -v ip >/dev/null || ! command -v tc >/dev/null || \
+	     { ! command -v nft >/dev/null && ! command -v iptables >/dev/null; }; }; then \
+	  echo "installing iproute2 and nftables for the emulated-host tests"; \
+	  apt-get install -y -qq iproute2 nftables >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq iproute2 nftables >/dev/null 2>&1; } || \
+	  echo "could not install iproute2/nftables: the emulated-host tests will skip"; \
+	fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
