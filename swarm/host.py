@@ -49,6 +49,7 @@ from swarm.errors import (
     TruncatedFrame,
 )
 from swarm.framing import DEFAULT_COMPRESS_THRESHOLD, DEFAULT_MAX_FRAME_BYTES, read_frame, write_frame
+from swarm.raw_streams import RawStreams
 from swarm.wire import Message, WireError
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,7 @@ def _is_protocol_refusal(exc: BaseException) -> bool:
     return isinstance(cause, MultiselectClientError) and "not supported" in str(cause)
 
 
-class SwarmHost:
+class SwarmHost(RawStreams):
     """A running libp2p host. Build it with :func:`open_host`."""
 
     def __init__(self, libp2p_host: Any, config: HostConfig) -> None:
@@ -175,13 +176,23 @@ class SwarmHost:
 
     @property
     def addrs(self) -> list[str]:
-        """Listen addresses, each ending in ``/p2p/<peer id>``."""
-        out = []
-        suffix = f"/p2p/{self.peer_id}"
-        for a in self.libp2p_host.get_addrs():
-            s = str(a)
-            out.append(s if s.endswith(suffix) else s + suffix)
-        return out
+        """Advertised addresses (:meth:`advertised_addrs`), each ending in ``/p2p/<peer id>``."""
+        return self.advertised_addrs()
+
+    def advertised_addrs(self, for_peer: str | None = None) -> list[str]:
+        """Our dialable addresses (never 0.0.0.0; see :mod:`swarm.addrs`), each ending in
+        ``/p2p/<peer id>``. ``for_peer``: only those worth sending to that connected peer
+        (no loopback address unless it is on this machine); None: all, non-loopback first."""
+        from swarm.addrs import connection_remote_ip, display_order, for_remote, with_peer_id
+
+        ours = [with_peer_id(str(a), self.peer_id) for a in self.libp2p_host.get_addrs()]
+        if for_peer is None:
+            return display_order(ours)
+        from libp2p.peer.id import ID
+
+        conns = self.libp2p_host.get_network().get_connections(ID.from_base58(for_peer))
+        ips = [ip for ip in map(connection_remote_ip, conns) if ip is not None]
+        return for_remote(ours, ips[0] if ips else None)
 
     # ------------------------------------------------------------------ server side
 
@@ -354,40 +365,6 @@ class SwarmHost:
                 await _cleanup(stream, reset=not ok)
         return _unwrap(envelope, reply_type, peer_id, protocol_id)
 
-    # ------------------------------------------------------------------ raw streams
-
-    def set_stream_handler(self, protocol_id: str, handler: Callable[[Any, str], Awaitable[None]]) -> None:
-        """Serve ``protocol_id`` with a raw stream handler ``handler(stream, peer_id)`` (for
-        protocols that are not one request/one reply). The handler owns the stream."""
-        from libp2p.custom_types import TProtocol
-
-        async def stream_handler(stream: Any) -> None:
-            try:
-                peer = stream.muxed_conn.peer_id.to_base58()
-            except Exception:
-                peer = "?"
-            await handler(stream, peer)
-
-        self.libp2p_host.set_stream_handler(TProtocol(protocol_id), stream_handler)
-
-    async def open_stream(self, peer_id: str, protocol_id: str, timeout: float | None = None) -> Any:
-        """A raw ``protocol_id`` stream to a connected (or known) peer; the caller closes it.
-        Raises :class:`PeerUnreachable` or :class:`SwarmTimeout`."""
-        from libp2p.peer.id import ID
-
-        timeout = self.config.dial_timeout_s if timeout is None else timeout
-        try:
-            pid = ID.from_base58(peer_id)
-        except Exception as e:
-            raise PeerUnreachable(f"bad peer id {peer_id!r}: {e}") from e
-        try:
-            with trio.fail_after(timeout):
-                return await self._open_stream(pid, protocol_id)
-        except trio.TooSlowError as e:
-            if isinstance(e, SwarmTimeout):
-                raise
-            raise SwarmTimeout(f"opening a {protocol_id} stream to {peer_id} took over {timeout} s") from e
-
     def private_key(self) -> Any:
         """The host's libp2p identity private key (Ed25519), e.g. to sign manifests."""
         return self.libp2p_host.get_private_key()
@@ -412,7 +389,7 @@ def _check_tcp_addr(addr: multiaddr.Multiaddr) -> None:
         raise ValueError(f"listen address must be /ip4|ip6/<host>/tcp/<port>, got {addr}")
 
 
-def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr) -> Any:
+def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: list[str] = ()) -> Any:
     """A py-libp2p host offering exactly Noise for security and Yamux for multiplexing."""
     from libp2p import new_host
     from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
@@ -421,6 +398,8 @@ def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr) -> Any:
     from libp2p.security.noise.transport import Transport as NoiseTransport
     from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
     from libp2p.stream_muxer.yamux.yamux import Yamux
+
+    from swarm.addrs import addrs_factory
 
     # Noise needs its own static X25519 key; the libp2p identity key signs it in the handshake.
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
@@ -432,19 +411,22 @@ def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr) -> Any:
         enable_quic=False,
         enable_mDNS=False,
         enable_upnp=False,
+        addrs_factory=addrs_factory(list(announce)),
     )
 
 
 @asynccontextmanager
 async def open_host(
-    data_dir: str | os.PathLike[str], *, listen_addr: str = DEFAULT_LISTEN_ADDR, config: HostConfig | None = None
+    data_dir: str | os.PathLike[str], *, listen_addr: str = DEFAULT_LISTEN_ADDR, config: HostConfig | None = None,
+    announce: list[str] = (),
 ) -> AsyncIterator[SwarmHost]:
     """Start a host with the identity kept in ``data_dir``, listening on ``listen_addr``
-    (TCP only; port 0 picks a free port, see ``host.addrs``). Stops it on exit."""
+    (TCP only; port 0 picks a free port, see ``host.addrs``) and also advertising the
+    ``announce`` multiaddrs (public address, port mapping). Stops it on exit."""
     listen = multiaddr.Multiaddr(listen_addr)
     _check_tcp_addr(listen)
     key_pair = load_or_create_identity(data_dir)
-    libp2p_host = _build_libp2p_host(key_pair, listen)
+    libp2p_host = _build_libp2p_host(key_pair, listen, announce)
     async with libp2p_host.run([listen]):
         host = SwarmHost(libp2p_host, config or HostConfig())
         log.info("host %s listening on %s", host.peer_id, ", ".join(host.addrs))
