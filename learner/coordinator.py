@@ -8,6 +8,9 @@ Every prompt group is accounted for in :attr:`Coordinator.ledger` with one state
 trained), ``trained``, or ``dropped:<reason>``. A group is trained at most once; a lease
 that expires puts its unfinished groups back at the front of the queue, and a late result
 for a group that nobody else has completed yet is still accepted, so no work is lost.
+A group whose result is rejected on its merits (malformed, failed verification) goes back to
+the front of the queue at once, so one node's bad push never stalls a step; the rejection is
+counted in :attr:`Coordinator.rejections`.
 """
 
 from __future__ import annotations
@@ -149,6 +152,10 @@ class Coordinator:
         #: Optional deeper check of an arriving group after :func:`validate_group`:
         #: ``verify(spec, result) -> reason or None`` (multi-turn runs replay the episodes).
         self.verify: Callable[[GroupSpec, GroupResult], str | None] | None = None
+        #: Results refused on their merits, per reason (their groups went back to pending).
+        self.rejections: Counter[str] = Counter()
+        #: Group -> peers whose result for it was refused; it is not leased to them again.
+        self.refused_by: dict[str, set[str]] = {}
         self._ids = itertools.count()
 
     # -- adding work ---------------------------------------------------------------------
@@ -175,10 +182,16 @@ class Coordinator:
         self.expire(now)
         n = max(1, min(max_groups, self.groups_per_lease))
         taken: list[str] = []
+        skipped: list[str] = []  # groups this peer's results were refused for: left to others
         while self.queue and len(taken) < n:
             gid = self.queue.popleft()
-            if self.ledger.get(gid) == PENDING:
+            if self.ledger.get(gid) != PENDING:
+                continue
+            if peer_id in self.refused_by.get(gid, ()):
+                skipped.append(gid)
+            else:
                 taken.append(gid)
+        self.queue.extendleft(reversed(skipped))
         if not taken:
             return None
         lease = LeaseRecord(
@@ -237,6 +250,7 @@ class Coordinator:
             reason = self._reason(r, lease, peer_id)
             if reason is not None:
                 rejected[r.group_id] = reason
+                self._requeue_rejected(r.group_id, lease, peer_id, reason)
                 continue
             if lease is not None:
                 lease.open_groups.discard(r.group_id)
@@ -254,6 +268,19 @@ class Coordinator:
         if lease is not None and lease.lease_id in self.leases and not lease.open_groups:
             del self.leases[lease.lease_id]
         return accepted, rejected
+
+    def _requeue_rejected(self, gid: str, lease: LeaseRecord | None, peer_id: str, reason: str) -> None:
+        """A result refused on its merits: its group goes back to pending at once (front of
+        the queue) instead of waiting for the lease to expire."""
+        if (lease is None or self.leases.get(lease.lease_id) is not lease or lease.peer_id != peer_id
+                or gid not in lease.group_ids
+                or gid not in lease.open_groups or self.ledger.get(gid) != LEASED):
+            return  # not this peer's open group: nothing of it to give back
+        lease.open_groups.discard(gid)
+        self.refused_by.setdefault(gid, set()).add(peer_id)
+        self.ledger[gid] = PENDING
+        self.queue.appendleft(gid)
+        self.rejections[reason.split(":")[0].split(" ")[0]] += 1
 
     def _reason(self, r: GroupResult, lease: LeaseRecord | None, peer_id: str) -> str | None:
         if lease is None:

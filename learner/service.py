@@ -220,7 +220,8 @@ class LearnerService:
         if accepted:
             self.contributions[peer_id] = self.contributions.get(peer_id, 0) + n_completions
         for gid, reason in rejected.items():
-            log.warning("rejected group %s from %s: %s", gid, short(peer_id), reason)
+            back = " (pending again)" if self.coordinator.ledger.get(gid) == "pending" else ""
+            log.warning("rejected group %s from %s: %s%s", gid, short(peer_id), reason, back)
         self.notify()
         return RolloutAck(accepted_groups=len(accepted), rejected_groups=len(rejected), rejections=rejected)
 

@@ -49,12 +49,44 @@ def test_lease_submit_take():
         (result("g2"), "group_not_in_lease"),
     ],
 )
-def test_bad_results_are_rejected_and_group_stays_open(bad, reason):
+def test_bad_results_are_rejected_and_group_goes_back_to_pending_at_once(bad, reason):
     c = make()
     lease = c.lease("A", 2, now=0.0)
     acc, rej = c.submit("A", lease.lease_id, [bad], now=1.0)
     assert acc == [] and reason in rej[bad.group_id]
-    assert c.ledger["g0"] == LEASED
+    if bad.group_id == "g2":  # not in A's lease: nothing of A's lease changes
+        assert c.ledger["g0"] == LEASED and c.ledger["g2"] == PENDING and list(c.queue) == ["g2"]
+        return
+    # the refused group is pending again at the front of the queue, long before the lease expires
+    assert c.ledger["g0"] == PENDING and c.queue[0] == "g0" and c.ledger["g1"] == LEASED
+    assert sum(c.rejections.values()) == 1
+    # not leased to the peer whose result was refused, but to anyone else
+    again = c.lease("A", 1, now=1.5)
+    assert again.group_ids == ["g2"] and c.queue[0] == "g0"
+    other = c.lease("B", 1, now=2.0)
+    assert other.group_ids == ["g0"]
+    # A's lease still holds g1; once g1 arrives the lease is closed
+    acc, _ = c.submit("A", lease.lease_id, [result("g1")], now=3.0)
+    assert acc == ["g1"] and lease.lease_id not in c.leases
+
+
+def test_a_rejected_push_on_an_expired_lease_never_requeues_another_peers_group():
+    c = make(timeout=5.0)
+    first = c.lease("A", 2, now=0.0)
+    c.expire(now=5.0)
+    second = c.lease("B", 2, now=6.0)
+    _, rej = c.submit("A", first.lease_id, [result("g0", n=G + 1)], now=7.0)
+    assert "group_size" in rej["g0"]
+    assert c.ledger["g0"] == LEASED and "g0" in second.open_groups and "g0" not in c.queue
+
+
+def test_a_failed_deeper_verification_also_requeues():
+    c = make()
+    c.verify = lambda spec, r: "unverified: made up" if spec.group_id == "g0" else None
+    lease = c.lease("A", 2, now=0.0)
+    acc, rej = c.submit("A", lease.lease_id, [result("g0"), result("g1")], now=1.0)
+    assert acc == ["g1"] and rej["g0"].startswith("unverified")
+    assert c.ledger["g0"] == PENDING and c.rejections["unverified"] == 1
 
 
 def test_stranger_and_unknown_lease_rejected():

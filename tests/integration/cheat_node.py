@@ -1,0 +1,78 @@
+"""A dishonest ``swarm-node`` for tests: the real node process (``node_agents.cli join``) with its
+generation backend wrapped so that what it pushes is not what it sampled.
+
+Run as ``python tests/integration/cheat_node.py MODE <swarm-node join arguments>``. Modes:
+
+- ``bad_push``: every behaviour log-prob is +0.5 (malformed: refused by the coordinator's checks).
+- ``made_up``: plausible but invented log-probs (-0.05 per token) for honestly sampled text.
+- ``doctored``: every completion replaced by text of its own (a fixed confident answer), with
+  the true log-probs of that text under the installed policy (``token_logprobs``).
+- ``other_adapter``: samples with a random adapter of its own instead of the lease's, and
+  reports that adapter's (true) log-probs.
+- ``other_model``: samples from a different policy: the logits scaled as if the temperature
+  were 2.5 (a different distribution over the same vocabulary), reporting those log-probs.
+- ``honest``: no change (a control).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+MODES = ("bad_push", "made_up", "doctored", "other_adapter", "other_model", "honest")
+DOCTORED_TEXT = "I checked this twice and it is simple.\nAnswer: 7"
+
+
+class CheatBackend:
+    def __init__(self, inner, mode: str):
+        self.inner, self.mode, self.name = inner, mode, inner.name
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+    def set_adapter(self, adapter):
+        if self.mode == "other_adapter" and adapter is not None and adapter.tensors:
+            rng = np.random.default_rng(1234)
+            adapter.tensors = {k: (v + rng.normal(0, 0.05, v.shape)).astype(np.float32)
+                               for k, v in adapter.tensors.items()}
+        return self.inner.set_adapter(adapter)
+
+    def generate_group(self, prompt_ids, n, params):
+        from node_agents.backends.base import SampledCompletion
+
+        if self.mode == "other_model":
+            params.temperature = 2.5
+        out = self.inner.generate_group(prompt_ids, n, params)
+        if self.mode == "bad_push":
+            return [SampledCompletion(c.token_ids, [0.5] * len(c.logprobs), c.finish_reason) for c in out]
+        if self.mode == "made_up":
+            return [SampledCompletion(c.token_ids, [-0.05] * len(c.logprobs), c.finish_reason) for c in out]
+        if self.mode == "doctored":
+            ids = self.inner.tokenize(DOCTORED_TEXT, add_special=False, parse_special=False)
+            ids = ids[: params.max_tokens]
+            rows = self.inner.token_logprobs(list(prompt_ids) + ids)
+            t = max(params.temperature, 1e-6)
+            scaled = rows / t
+            scaled = scaled - np.log(np.exp(scaled - scaled.max(1, keepdims=True)).sum(1, keepdims=True)) \
+                - scaled.max(1, keepdims=True)
+            lps = [float(scaled[len(prompt_ids) - 1 + i, tok]) for i, tok in enumerate(ids)]
+            return [SampledCompletion(list(ids), lps, "length") for _ in out]
+        return out
+
+
+def main(argv: list[str]) -> int:
+    mode, rest = argv[0], argv[1:]
+    if mode not in MODES:
+        print(f"cheat_node: mode must be one of {MODES}", file=sys.stderr)
+        return 2
+    import node_agents.backends.registry as registry
+    from node_agents import cli
+
+    real = registry.create_backend
+    registry.create_backend = lambda *a, **k: CheatBackend(real(*a, **k), mode)
+    return cli.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""Dishonest nodes as real OS processes (``tests/integration/cheat_node.py``) beside an honest
+``swarm-node``, all over real libp2p on 127.0.0.1 against an in-process learner."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from learner.config import LearnerConfig
+from learner.demo import node_command, stop_processes
+from learner.loop import run_learner
+from learner.metrics import read_metrics
+from swarm.config import load_config
+
+pytestmark = pytest.mark.integration
+
+CHEAT = Path(__file__).with_name("cheat_node.py")
+
+
+def config(*extra: str) -> LearnerConfig:
+    return load_config(LearnerConfig, None, [
+        "train.steps=2", "train.prompts_per_step=2", "train.group_size=2", "train.max_tokens=12",
+        "train.micro_batch=4", "train.checkpoint_every=0", "sync.long_poll_s=1.0",
+        "sync.lease_timeout_s=600", "dissem.mode=direct", *extra])
+
+
+def spawn(addr: str, tmp: Path, name: str, mode: str | None = None) -> subprocess.Popen:
+    cmd = node_command(addr, tmp / name, 1, name, "default") + ["--no-probe", "-v"]
+    if mode is not None:  # the same command line through the cheating wrapper
+        cmd = [sys.executable, str(CHEAT), mode] + cmd[3:]
+    log = open(tmp / f"{name}.log", "w")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[tuple[str, str | None]], seconds: float) -> dict:
+    procs: list[subprocess.Popen] = []
+    seen: dict = {}
+
+    async def main():
+        with trio.fail_after(seconds):
+            async with trio.open_nursery() as nursery:
+                addrs = await nursery.start(lambda task_status: run_learner(
+                    cfg, tmp_path / "run", console=lambda s: None,
+                    on_service=lambda s: seen.setdefault("svc", s), task_status=task_status))
+                for name, mode in nodes:
+                    procs.append(spawn(addrs[0], tmp_path, name, mode))
+
+    try:
+        trio.run(main)
+    finally:
+        stop_processes(procs, 20)
+    seen["procs"] = procs
+    return seen
+
+
+def test_a_nodes_malformed_pushes_never_stall_a_step(tmp_path):
+    """The cheater's every push is refused; each refused group is pending again at once and the
+    honest node takes it, so two sequential steps end long before one lease timeout (600 s)."""
+    import time
+
+    t0 = time.monotonic()
+    seen = run(tmp_path, config(), [("cheat", "bad_push"), ("honest", None)], seconds=240)
+    elapsed = time.monotonic() - t0
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    coord = seen["svc"].coordinator
+    assert coord.counts() == {"trained": 4}
+    cheat_log = (tmp_path / "cheat.log").read_text()
+    trained_by = {p for r in rows for p in r["nodes"]}
+    cheat_peer = next(p for p, n in seen["svc"].nodes.items() if n.rejected_groups)
+    assert cheat_peer not in trained_by, cheat_log
+    assert coord.rejections["bad_logprob"] >= 1, cheat_log
+    assert elapsed < 240, elapsed
