@@ -15,6 +15,11 @@ peer id so the plan is deterministic); tree ``s`` takes its interior nodes from 
 upload bandwidth sit nearer the root. Any change of membership (a node joins, leaves or
 reports another bandwidth) gives another plan; the learner rebuilds it before each push.
 
+Reachability (``Member.reachable``, measured by a dial-back, see ``swarm.discovery.reach``):
+a node that cannot be dialled is never an interior (relaying) node, and no relay is asked
+to dial it: it is a leaf the learner feeds itself, in every stripe, over the connection the
+node opened to the learner. The tree is built over the reachable nodes only.
+
 ``star`` mode: the learner sends the whole adapter to every node itself (one stripe, no
 relays), the baseline a tree is compared with.
 """
@@ -33,6 +38,9 @@ class Member:
     #: Upload bandwidth, bytes/s (0 = unknown).
     upload_bps: float = 0.0
     addrs: tuple[str, ...] = ()
+    #: Whether other peers can dial this node (measured by a dial-back; False: a leaf fed
+    #: by the learner only).
+    reachable: bool = True
 
 
 @dataclass
@@ -58,6 +66,10 @@ class Plan:
     def depth(self) -> int:
         """Longest learner -> node path in hops (0 for an empty plan)."""
         return max((_depth(t) for trees in self.roots for t in trees), default=0)
+
+    def relays(self) -> set[str]:
+        """Nodes that forward chunks to at least one other node."""
+        return {n.peer_id for trees in self.roots for t in trees for n in walk(t) if n.children}
 
     def uploads(self) -> dict[str, float]:
         """Copies of the adapter each sender uploads (the learner is ``""``)."""
@@ -103,21 +115,25 @@ def build_plan(members: Iterable[Member], mode: str = "tree", fan_out: int = 2, 
         raise ValueError(f"unknown broadcast mode {mode!r}; known: {MODES}")
     if fan_out < 1:
         raise ValueError(f"fan_out must be at least 1, got {fan_out}")
-    order = [m.peer_id for m in bandwidth_order(members)]
+    ranked = bandwidth_order(members)
+    order = [m.peer_id for m in ranked]
     if len(set(order)) != len(order):
         raise ValueError("duplicate peer ids in the membership")
     if mode == "star":
         return Plan("star", 1, [[TreeNode(p) for p in order]])
+    leaves = [m.peer_id for m in ranked if not m.reachable]
+    order = [m.peer_id for m in ranked if m.reachable]
     stripes = stripes or fan_out
     if stripes < 1:
         raise ValueError(f"stripes must be at least 1, got {stripes}")
-    stripes = min(stripes, max(1, len(order)))
+    stripes = min(stripes, max(1, len(order) + len(leaves)))
     root_children = max(1, fan_out // stripes)
     roots = []
     for s in range(stripes):
         interior = order[s::stripes]
         rest = [p for p in order if p not in set(interior)]
-        roots.append(heap_tree(interior + rest, fan_out, root_children) if order else [])
+        trees = heap_tree(interior + rest, fan_out, root_children) if order else []
+        roots.append(trees + [TreeNode(p) for p in leaves])
     return Plan("tree", stripes, roots)
 
 
