@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field, e.g. --set train.steps=20 (repeatable)")
     la.add_argument("--resume", action="store_true", help="continue from the run dir's latest checkpoint")
+    add_dashboard_arguments(la)
 
     de = sub.add_parser("demo", help="start a learner and N swarm-node processes on 127.0.0.1 and train")
     de.add_argument("--nodes", type=int, default=2, help="number of swarm-node processes")
@@ -38,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field (repeatable)")
     de.add_argument("--task", default=None, help="task name (arith, math, knights, sokoban); same as --set task.name=NAME")
+    add_dashboard_arguments(de)
+
+    rp = sub.add_parser("report", help="write a static HTML report (with plots) of a finished run")
+    rp.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="run directory (metrics.jsonl, swarm.json, ...)")
+    rp.add_argument("--out", type=Path, default=None, help="output file (default RUN_DIR/report.html)")
 
     ev = sub.add_parser("eval", help="accuracy on a task's held-out split: base model vs an adapter (llama.cpp)")
     ev.add_argument("--task", default=None, help="task name (default from the config: arith)")
@@ -53,6 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field, e.g. --set task.options.max_people=3 (repeatable)")
     return p
+
+
+def add_dashboard_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--dashboard", default=None, metavar="HOST:PORT",
+                   help="serve the live dashboard here (default 127.0.0.1:8080; same as --set dashboard.listen=...)")
+    g.add_argument("--no-dashboard", action="store_true", help="do not serve the live dashboard")
+
+
+def dashboard_overrides(args) -> list[str]:
+    if getattr(args, "no_dashboard", False):
+        return ["dashboard.enabled=false"]
+    if getattr(args, "dashboard", None):
+        return [f'dashboard.listen="{args.dashboard}"', "dashboard.enabled=true"]
+    return []
 
 
 def _default_run_dir(prefix: str) -> Path:
@@ -71,8 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     from swarm.config import ConfigError, load_config
 
     try:
+        if args.command == "report":
+            from learner.report import write_report
+
+            print(f"swarm-learner: report written to {write_report(args.run_dir, args.out)}")
+            return 0
         if args.command == "launch":
-            cfg = validate(load_config(LearnerConfig, args.config, args.overrides))
+            cfg = validate(load_config(LearnerConfig, args.config, [*args.overrides, *dashboard_overrides(args)]))
             return launch(cfg, args.run_dir or _default_run_dir(""), args.resume)
         overrides = [f"task.seed={args.seed}", f"train.seed={args.seed}", *args.overrides]
         if args.task is not None:
@@ -85,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append(f"sync.mode={args.mode}")
         if args.max_staleness is not None:
             overrides.append(f"sync.max_staleness={args.max_staleness}")
+        overrides += dashboard_overrides(args)
         cfg = validate(load_config(LearnerConfig, args.config, overrides))
         from learner.demo import run_demo
 
@@ -113,9 +140,24 @@ def validate(cfg):
         run_task(cfg.task)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if cfg.dashboard.enabled:
+        from learner.web.server import parse_listen
+
+        try:
+            parse_listen(cfg.dashboard.listen)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     t = cfg.train
-    if min(t.steps, t.prompts_per_step, t.group_size, t.max_tokens, t.micro_batch) < 1:
-        raise ConfigError("train.steps, prompts_per_step, group_size, max_tokens and micro_batch must be >= 1")
+    if min(t.steps, t.prompts_per_step, t.group_size, t.max_tokens) < 1:
+        raise ConfigError("train.steps, prompts_per_step, group_size and max_tokens must be >= 1")
+    if t.micro_batch < 0:
+        raise ConfigError("train.micro_batch must be >= 1, or 0 to choose it from free memory")
+    from learner.launch_gpus import check_train_placement
+
+    try:
+        check_train_placement(t)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if t.group_size < 2:
         raise ConfigError("train.group_size must be >= 2: GRPO advantages compare completions within a group")
     if t.minibatches < 1:

@@ -1,5 +1,5 @@
 """The learner's typed configuration (TOML sections ``[model]``, ``[task]``, ``[lora]``,
-``[train]``, ``[sync]``, ``[network]``, ``[dissem]``, ``[run]``). Every field is documented here; the
+``[train]``, ``[sync]``, ``[network]``, ``[dissem]``, ``[dashboard]``, ``[run]``). Every field is documented here; the
 resolved config is written to ``<run_dir>/config.toml`` at launch."""
 
 from __future__ import annotations
@@ -72,8 +72,25 @@ class TrainConfig:
     #: Optimizer updates per learner step: the batch is split into this many minibatches of
     #: whole groups, each with its own AdamW step (same compute as one update on the batch).
     minibatches: int = 4
-    #: Sequences per forward/backward micro-batch (gradients accumulate over the batch).
+    #: Sequences per forward/backward micro-batch (gradients accumulate over the batch);
+    #: 0 = chosen per update from the device's free memory and the sequence lengths
+    #: (``learner/memory.py``), with a clear error when even one sequence does not fit.
     micro_batch: int = 16
+    #: Torch device of the learner: ``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda``
+    #: (with several ranks: each rank's own GPU) or ``cuda:N``. Also ``--device``.
+    device: str = "auto"
+    #: ``auto`` (bf16 on CUDA, autocast on CPU), ``bf16`` (bfloat16 base weights, bf16
+    #: autocast), ``autocast`` (float32 master base weights, bf16 autocast) or ``fp32``; the LoRA
+    #: parameters and their optimizer state are float32 in every case (``learner/placement.py``).
+    precision: Literal["auto", "bf16", "autocast", "fp32"] = "auto"
+    #: Recompute each decoder layer in the backward pass: less activation memory, more compute.
+    grad_checkpointing: bool = False
+    #: With several ranks (``--gpus N`` / torchrun): shard the frozen base over the ranks with
+    #: FSDP, for bases that do not fit one GPU (LoRA stays replicated and all-reduced).
+    fsdp: bool = False
+    #: With several ranks: the longest wait (s) of any collective, including a follower rank's
+    #: wait for rank 0's next batch (so also the longest time rank 0 may wait for rollouts).
+    dist_timeout_s: float = 3600.0
     #: Policy loss: ``ppo_clip`` (ratio to the node's behaviour log-probs), ``tis`` or ``decoupled``.
     loss: Literal["ppo_clip", "tis", "decoupled"] = "ppo_clip"
     #: PPO clip range below 1 (ratio >= 1 - clip_low).
@@ -128,6 +145,18 @@ class NetworkConfig:
     max_frame_bytes: int = 64 * 1024 * 1024
     #: Seconds allowed for one request/response with a peer.
     request_timeout_s: float = 60.0
+    #: Who may join (``learner/admission.py``): ``open`` (anyone, within the per-peer caps) or
+    #: ``allowlist`` (peer ids in ``allowlist_file``, or holders of a ``swarm-learner token``).
+    admission: Literal["open", "allowlist"] = "open"
+    #: Allowlist mode: file of admitted peer ids, one a line (``#`` comments); empty = tokens only.
+    allowlist_file: str = ""
+    #: Most work leases one peer may hold at once (0 = no cap).
+    max_leases_per_peer: int = 4
+    #: Most rollout pushes one peer may make in any 60 s (0 = no cap); more are refused and
+    #: their groups go back to pending.
+    max_pushes_per_min: int = 120
+    #: Seconds a refused node is told to wait before trying to join again.
+    refused_retry_s: float = 60.0
 
 
 @dataclass
@@ -139,6 +168,20 @@ class LearnerConfig:
     sync: SyncConfig = field(default_factory=SyncConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     dissem: DissemConfig = field(default_factory=lambda: DissemConfig())
+    dashboard: DashboardConfig = field(default_factory=lambda: DashboardConfig())
+
+
+@dataclass
+class DashboardConfig:
+    """The live, read-only web dashboard the learner serves (``learner/web/``)."""
+
+    #: Serve the dashboard (``--no-dashboard`` turns it off).
+    enabled: bool = True
+    #: ``HOST:PORT`` to listen on. Localhost only by default: reach a remote learner through
+    #: an SSH tunnel. If the port is taken, an OS-chosen port is used and printed instead.
+    listen: str = "127.0.0.1:8080"
+    #: Fewest seconds between two live updates pushed to a browser (server-sent events).
+    min_update_s: float = 1.0
 
 
 @dataclass
@@ -167,3 +210,8 @@ class DissemConfig:
     stall_timeout_s: float = 5.0
     #: A node waits this long (s) for a version to arrive by push before fetching it itself.
     node_wait_s: float = 30.0
+    #: Deadline (s) of the dial-back to each address a registering node advertises; a node no
+    #: address of which answers is unreachable: a broadcast leaf fed by the learner only.
+    dial_back_timeout_s: float = 4.0
+    #: Deadline (s) of a node's whole dial-back, however many addresses it advertises.
+    dial_back_budget_s: float = 12.0

@@ -118,7 +118,7 @@ async def run_learner(
 ) -> list[dict]:
     """Run the whole training job; ``task_status.started(addrs)`` once nodes can join.
     ``on_service`` receives the live service (tests and tools watch its coordinator)."""
-    from learner.checkpoint import load_state, save_state
+    from learner.checkpoint import load_open_problems, load_state, open_problem_refs, reissue_specs, run_identity, save_state
     from learner.models import resolve_model
     from swarm.host import HostConfig, open_host
     from learner.episodes import episode_settings, make_verifier, run_task
@@ -149,18 +149,20 @@ async def run_learner(
         buffer=buffer,
     )
     coord.set_version(state.version)
+    if resume:  # the problems that were in flight at the checkpoint go out again first
+        coord.add_groups(reissue_specs(load_open_problems(run_dir), task, tokenizer, cfg.task.multi_turn))
     if episodes is not None:
         coord.verify = make_verifier(task, tokenizer)
     service = LearnerService(
         coordinator=coord,
         sampling=SamplingDefaults(t.temperature, t.top_p, t.max_tokens, t.seed),
         group_size=t.group_size,
-        run_id=uuid.uuid4().hex[:8],
+        run_id=run_identity(run_dir, resume, uuid.uuid4().hex[:8])[1],
         model_name=cfg.model.name,
         long_poll_s=cfg.sync.long_poll_s,
         episode=episodes,
     )
-    metrics = MetricsWriter(run_dir, resume=resume)
+    metrics = MetricsWriter(run_dir, resume=resume, resume_step=state.step)
     host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s)
     async with open_host(run_dir / "identity", listen_addr=cfg.network.listen, config=host_cfg) as host:
         service.register(host)
@@ -169,6 +171,16 @@ async def run_learner(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(service.expiry_loop)
             service.dissem = await start_learner_dissem(nursery, host, cfg.dissem, service)
+            from learner.model_serve import start_model_serve  # the base model, by content hash
+            from node_agents.model_cache import cache_root
+
+            model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, cfg.model.name,
+                                                  cache_root(cfg.model.cache_dir or None))
+            service.model_sha256 = model_serve.content_sha256
+            console(f"learner: base model {cfg.model.name} sha256 {model_serve.content_sha256[:12]}")
+            from learner.web.server import start_learner_dashboard  # read-only web view (learner/web/)
+
+            await start_learner_dashboard(nursery, cfg, service, metrics, state, run_dir, console)
             service.publish(adapter_reply(trainer.export_adapter(state.version)))
             console(f"learner: listening on {host.addrs[0]}")
             console(f"learner: join with `swarm-node join --learner {host.addrs[0]}`")
@@ -183,14 +195,15 @@ async def run_learner(
                 metrics.write(row)
                 console(progress_line(row, t.steps, rolling_mean(metrics.rewards())[-1]))
                 if t.checkpoint_every and state.step % t.checkpoint_every == 0 and state.step < t.steps:
-                    await trio.to_thread.run_sync(save_state, run_dir, trainer, state)
+                    await trio.to_thread.run_sync(save_state, run_dir, trainer, state, open_problem_refs(coord))
             service.finish()
-            await trio.to_thread.run_sync(save_state, run_dir, trainer, state)
+            await trio.to_thread.run_sync(save_state, run_dir, trainer, state, open_problem_refs(coord))
             await trio.to_thread.run_sync(trainer.save_adapter, run_dir / "adapter")
             if metrics.rows:
                 plot_rewards(metrics.rows, run_dir / "reward.png", title=f"{cfg.task.name}: reward per step")
             (run_dir / "ledger.json").write_text(json.dumps(coord.counts(), indent=1))
             (run_dir / "swarm.json").write_text(json.dumps(service.swarm_summary(), indent=1))
+            (run_dir / "model_fetch.json").write_text(json.dumps(model_serve.summary(), indent=1))
             console(f"learner: done; adapter in {run_dir / 'adapter'}, metrics in {run_dir / 'metrics.jsonl'}")
             await service.wait_nodes_told(active_within_s=cfg.sync.long_poll_s + 30.0, timeout_s=SHUTDOWN_GRACE_S)
             nursery.cancel_scope.cancel()

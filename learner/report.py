@@ -1,0 +1,96 @@
+"""``swarm-learner report RUN_DIR``: a static HTML report of a finished run, with its plots.
+
+Reads what a run leaves in its directory (``metrics.jsonl``, and when present ``config.toml``,
+``swarm.json``, ``ledger.json``, ``summary.json``) and renders the dashboard's sections from
+them (:mod:`learner.web.page`): reward, learner time, throughput charts as inline SVG, the nodes,
+the ledger, the resolved config. One self-contained file: no script, nothing fetched.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from learner.metrics import ROLLING_WINDOW, read_metrics
+from learner.web.page import page_html
+from learner.web.state import ledger_from_counts, short, steps_view
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def report_nodes(swarm: dict | None) -> list[dict]:
+    """Node rows (the dashboard's columns) from ``swarm.json``."""
+    out = []
+    for peer, n in sorted(((swarm or {}).get("nodes") or {}).items()):
+        gen_s = float(n.get("gen_s") or 0.0)
+        row = {
+            "peer_id": peer, "short": short(peer), "backend": n.get("backend", "?"), "device": n.get("device", "?"),
+            "tokens_per_s": round(n.get("gen_tokens", 0) / gen_s, 1) if gen_s > 0 else None,
+            "announced_tokens_per_s": n.get("tokens_per_s"), "rollouts": n.get("completions", 0),
+            "groups": n.get("groups", 0), "rejected_groups": n.get("rejected_groups", 0),
+        }
+        for key in ("trusted", "reachable", "leaf", "stage"):
+            if key in n:
+                row[key] = n[key]
+        out.append(row)
+    return out
+
+
+def report_snapshot(run_dir: Path) -> dict:
+    """A dashboard snapshot rebuilt from a run directory's files."""
+    run_dir = Path(run_dir)
+    metrics_path = run_dir / "metrics.jsonl"
+    if not metrics_path.exists():
+        raise FileNotFoundError(f"{metrics_path} not found: is {run_dir} a run directory?")
+    try:
+        rows = read_metrics(metrics_path)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{metrics_path}: a line is not valid JSON ({e})") from None
+    cfg: dict = {}
+    if (run_dir / "config.toml").exists():
+        cfg = tomllib.loads((run_dir / "config.toml").read_text())
+    steps = steps_view(rows)
+    last = steps[-1] if steps else {}
+    nodes = report_nodes(_read_json(run_dir / "swarm.json"))
+    train, sync = cfg.get("train", {}), cfg.get("sync", {})
+    mode = sync.get("mode", "sequential")
+    status = {
+        "run_id": run_dir.name, "run_dir": str(run_dir), "phase": "finished" if rows else "no steps",
+        "model": cfg.get("model", {}).get("name", "?"), "task": cfg.get("task", {}).get("name", "?"),
+        "mode": mode, "max_staleness": sync.get("max_staleness", 0) if mode == "async" else 0,
+        "step": last.get("step", 0), "steps": train.get("steps", last.get("step", 0)),
+        "version": last.get("policy_version", 0), "nodes": len(nodes), "uptime_s": last.get("wall_s"),
+        "reward_mean": last.get("reward_mean"), "reward_rolling": last.get("reward_rolling"),
+        "rolling_window": ROLLING_WINDOW, "samples_per_s": last.get("samples_per_s"),
+        "samples": sum(s.get("samples", 0) for s in steps), "prompts_per_step": train.get("prompts_per_step", "?"),
+        "group_size": train.get("group_size", "?"), "dissem_mode": cfg.get("dissem", {}).get("mode", "?"),
+    }
+    ledger = ledger_from_counts(_read_json(run_dir / "ledger.json") or {})
+    dissem = {"mode": status["dissem_mode"], "codec": cfg.get("dissem", {}).get("codec", "?"),
+              "members": len(nodes), "depth": 0, "versions": [], "tree": []}
+    return {"status": status, "steps": steps, "nodes": nodes, "dissem": dissem, "ledger": ledger}
+
+
+def write_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Write the report; returns its path (default ``RUN_DIR/report.html``)."""
+    run_dir = Path(run_dir)
+    snap = report_snapshot(run_dir)
+    html = page_html(snap, live=False, title=f"echo-swarm run {run_dir.name}")
+    extra = []
+    summary = _read_json(run_dir / "summary.json")
+    if summary:
+        extra.append(f"<h2>Summary</h2><pre>{escape(json.dumps(summary, indent=1))}</pre>")
+    if (run_dir / "config.toml").exists():
+        extra.append(f"<h2>Config</h2><pre>{escape((run_dir / 'config.toml').read_text())}</pre>")
+    html = html.replace("</body>", "".join(extra) + "</body>", 1)
+    out = Path(out) if out is not None else run_dir / "report.html"
+    out.write_text(html)
+    return out

@@ -1,0 +1,1 @@
+from web_fixtures import learner_objects  # noqa: F401  (fixture)

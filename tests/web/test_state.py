@@ -1,0 +1,83 @@
+"""The dashboard's snapshot: what it reads from the learner's live objects, and that it changes nothing."""
+
+from __future__ import annotations
+
+import copy
+import json
+import types
+
+from learner.web.state import dissem_view, ledger_from_counts, snapshot, steps_view
+from swarm.dissem.tree import Plan, TreeNode
+from swarm.proto.dissem import HaveVersion
+from web_fixtures import PEER_A, PEER_B, metrics_rows
+
+
+def test_snapshot_reads_nodes_ledger_steps_and_is_json(learner_objects):
+    src = learner_objects
+    snap = snapshot(src, now_wall=1010.0)
+    json.dumps(snap)  # JSON-ready
+    st = snap["status"]
+    assert (st["step"], st["steps"], st["version"], st["nodes"], st["phase"]) == (2, 5, 2, 2, "training")
+    assert st["uptime_s"] == 10.0 and st["samples"] == 32
+    assert st["reward_rolling"] == round((0.1 + 0.2) / 2, 4)
+    nodes = {n["peer_id"]: n for n in snap["nodes"]}
+    a, b = nodes[PEER_A], nodes[PEER_B]
+    assert (a["backend"], b["backend"]) == ("llamacpp", "torch")
+    assert a["rollouts"] == 2 and a["groups"] == 1 and a["tokens_per_s"] == 100.0
+    assert b["rollouts"] == 0 and b["tokens_per_s"] is None and b["leased_groups"] == 1
+    assert b["adapter_version"] == 0 and b["lag"] == 0  # from its lease
+    assert "trusted" not in a  # absent fields are not invented
+    ledger = snap["ledger"]
+    assert ledger["completed"] == 1 and ledger["leased"] == 1 and ledger["pending"] == 2
+    assert ledger["dropped"] == {"stale": 1} and ledger["dropped_total"] == 1 and ledger["total"] == 5
+
+
+def test_snapshot_changes_nothing(learner_objects):
+    src = learner_objects
+    coord = src.service.coordinator
+    before = (copy.deepcopy(coord.ledger), dict(coord.drop_counts), dict(src.service.contributions),
+              list(coord.queue), sorted(coord.leases))
+    for _ in range(3):
+        snapshot(src)
+    after = (coord.ledger, dict(coord.drop_counts), dict(src.service.contributions), list(coord.queue),
+             sorted(coord.leases))
+    assert before == after
+
+
+def test_optional_node_fields_shown_when_present(learner_objects):
+    src = learner_objects
+    src.service.nodes[PEER_A].trusted = False
+    src.service.nodes[PEER_A].stage = (0, 15)
+    nodes = {n["peer_id"]: n for n in snapshot(src)["nodes"]}
+    assert nodes[PEER_A]["trusted"] is False and nodes[PEER_A]["stage"] == [0, 15]
+    assert "trusted" not in nodes[PEER_B]
+
+
+def test_steps_view_rolling_mean_and_eval_points():
+    rows = metrics_rows(6)
+    rows[2]["eval_accuracy"] = 0.5
+    out = steps_view(rows)
+    assert [s["step"] for s in out] == [1, 2, 3, 4, 5, 6]
+    assert out[5]["reward_rolling"] == round(sum(0.1 * i for i in range(2, 7)) / 5, 4)
+    assert out[2]["eval_accuracy"] == 0.5 and "eval_accuracy" not in out[1]
+    assert "nodes" not in out[0]
+
+
+def test_dissem_view_delivery_times_and_tree():
+    plan = Plan("tree", 1, [[TreeNode(PEER_A, [TreeNode(PEER_B)])]])
+    dissem = types.SimpleNamespace(
+        cfg=types.SimpleNamespace(mode="tree", codec="fp16", fan_out=2),
+        have={1: {PEER_A: HaveVersion(1, 100.5, pushed=3), PEER_B: HaveVersion(1, 101.25, pushed=1, repaired=2)}},
+        started_at={1: 100.0}, members={PEER_A: 1, PEER_B: 2}, _plan=(("k",), plan))
+    view = dissem_view(dissem)
+    v = view["versions"][0]
+    assert v["deliveries"][PEER_A[-6:]]["seconds"] == 0.5 and v["deliveries"][PEER_B[-6:]]["repaired"] == 2
+    assert v["last_s"] == 1.25
+    assert view["depth"] == 2 and view["tree"] == [[{"peer": PEER_A[-6:], "children": [{"peer": PEER_B[-6:], "children": []}]}]]
+    assert dissem_view(None)["versions"] == []
+
+
+def test_ledger_from_counts():
+    out = ledger_from_counts({"trained": 8, "dropped:stale": 2, "dropped:bad_logprob": 1, "pending": 3})
+    assert out["dropped"] == {"bad_logprob": 1, "stale": 2} and out["dropped_total"] == 3
+    assert out["total"] == 14 and out["leased"] == 0
