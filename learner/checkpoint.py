@@ -1,6 +1,15 @@
 """Resumable checkpoints: ``<run_dir>/checkpoints/step_<n>/`` holds the trainer state
 (adapter, optimiser, RNG) and ``loop.json`` (step, version, next problem, wall time);
-``checkpoints/latest`` names the newest complete one."""
+``checkpoints/latest`` names the newest complete one.
+
+Resume rewinds the run exactly to the checkpoint: ``open_groups.json`` beside ``loop.json``
+lists the problems that were handed out but not trained when it was written (pending, leased
+or waiting in the async replay buffer); they are issued again first, so none is lost or
+trained twice. ``metrics.jsonl`` is cut back to the checkpoint's step (see
+:class:`learner.metrics.MetricsWriter`). ``<run_dir>/run.json`` keeps the run id across
+restarts; nodes are told ``<run_id>~<n>`` after the n-th resume, because the adapter versions
+after the checkpoint are trained again and differ from what they may have cached.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +22,7 @@ from pathlib import Path
 KEEP_CHECKPOINTS = 2
 
 
-def save_state(run_dir: Path, trainer, state) -> Path:
+def save_state(run_dir: Path, trainer, state, open_problems: list[str] | None = None) -> Path:
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{state.step}"
@@ -22,6 +31,7 @@ def save_state(run_dir: Path, trainer, state) -> Path:
     tmp.mkdir()
     trainer.save_checkpoint(tmp / "trainer.pt")
     (tmp / "loop.json").write_text(json.dumps(dataclasses.asdict(state)))
+    (tmp / "open_groups.json").write_text(json.dumps(list(open_problems or [])))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     (root / "latest.tmp").write_text(final.name)
@@ -48,3 +58,45 @@ def load_state(run_dir: Path, trainer):
         raise FileNotFoundError(f"no checkpoint to resume from in {Path(run_dir) / 'checkpoints'}")
     trainer.load_checkpoint(path / "trainer.pt")
     return LoopState(**json.loads((path / "loop.json").read_text()))
+
+
+def load_open_problems(run_dir: Path) -> list[str]:
+    """Problem refs handed out but untrained at the latest checkpoint (oldest first)."""
+    path = latest_checkpoint(run_dir)
+    f = path / "open_groups.json" if path is not None else None
+    if f is None or not f.exists():
+        return []
+    refs = json.loads(f.read_text())
+    if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+        raise ValueError(f"{f}: expected a list of problem refs")
+    return refs
+
+
+def open_problem_refs(coord) -> list[str]:
+    """The problems of every group not yet trained or dropped, in the order they were added."""
+    return [coord.specs[g].problem_ref for g, st in coord.ledger.items() if st in ("pending", "leased", "completed")]
+
+
+def run_identity(run_dir: Path, resume: bool, fresh_id: str) -> tuple[str, str]:
+    """(run id kept in ``run.json``, id announced to nodes). A new run stores ``fresh_id``; each
+    resume keeps it and counts one more restart (announced as ``<id>~<restarts>``)."""
+    path = Path(run_dir) / "run.json"
+    info = {"run_id": fresh_id, "restarts": 0}
+    if resume and path.exists():
+        old = json.loads(path.read_text())
+        info = {"run_id": str(old["run_id"]), "restarts": int(old.get("restarts", 0)) + 1}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(path)
+    announced = info["run_id"] if info["restarts"] == 0 else f"{info['run_id']}~{info['restarts']}"
+    return info["run_id"], announced
+
+
+def reissue_specs(refs: list[str], task, tokenizer, multi_turn: bool) -> list:
+    """Group specs for problem refs saved by :func:`save_state`, built exactly as the step
+    functions build them (same group id, same prompt), so a resumed run issues them again."""
+    from learner.coordinator import GroupSpec
+    from learner.episodes import initial_prompt
+
+    return [GroupSpec(f"g{ref}", initial_prompt(task, tokenizer, task.problem("train", int(ref)), multi_turn), ref)
+            for ref in refs]

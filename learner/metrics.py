@@ -20,11 +20,19 @@ def rolling_mean(values: list[float], window: int = ROLLING_WINDOW) -> list[floa
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: Path, resume: bool = False):
+    """Appends one row per learner step. ``resume_step``: on resume, rows after this step (written
+    after the checkpoint, before a crash) are cut off so that no step appears twice."""
+
+    def __init__(self, run_dir: Path, resume: bool = False, resume_step: int | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = read_metrics(self.path) if resume and self.path.exists() else []
         if not resume:
             self.path.write_text("")
+        elif resume_step is not None and any(r.get("step", 0) > resume_step for r in self.rows):
+            self.rows = [r for r in self.rows if r.get("step", 0) <= resume_step]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r, allow_nan=False, default=_jsonable) + "\n" for r in self.rows))
+            tmp.replace(self.path)
 
     def write(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
@@ -42,7 +50,16 @@ def _jsonable(x: Any) -> Any:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The rows of ``metrics.jsonl``; a torn last line (a crash mid-write) is skipped."""
+    rows = []
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise
+    return rows
 
 
 def progress_line(row: dict[str, Any], steps: int, rolling: float) -> str:
