@@ -72,6 +72,9 @@ class LearnerService:
     min_waiting: int = 0
     #: The adapter dissemination service (``learner.dissem.LearnerDissem``); None = direct fetch only.
     dissem: Any = None
+    #: Content hash of the run's base model (``swarm.content.model_id``); a node whose hello
+    #: names another is refused. Empty = no check.
+    model_sha256: str = ""
     #: Multi-turn runs: the episode settings every lease carries (``learner.episodes.EpisodeSettings``);
     #: None = single-turn leases.
     episode: Any = None
@@ -155,6 +158,14 @@ class LearnerService:
         return node
 
     async def on_hello(self, msg: Hello, peer_id: str) -> HelloAck:
+        from learner.model_serve import HELLO_MODEL_NAME_KEY, hello_model_check
+
+        reason = hello_model_check(msg.model_sha256, msg.extra.get(HELLO_MODEL_NAME_KEY, ""),
+                                   self.model_sha256, self.model_name)
+        if reason:
+            log.warning("refused node %s: %s", short(peer_id), reason)
+            return HelloAck(accepted=False, run_id=self.run_id, model=self.model_name, current_version=0,
+                            reason=reason, model_sha256=self.model_sha256)
         now = trio.current_time()
         known = peer_id in self.nodes
         self.nodes[peer_id] = NodeInfo(peer_id, msg, joined_at=now, last_seen=now)
@@ -168,7 +179,8 @@ class LearnerService:
             msg.memory_bytes / 2**30, msg.tokens_per_s,
         )
         current = max(self.adapters, default=0)
-        return HelloAck(accepted=True, run_id=self.run_id, model=self.model_name, current_version=current)
+        return HelloAck(accepted=True, run_id=self.run_id, model=self.model_name, current_version=current,
+                        model_sha256=self.model_sha256)
 
     async def on_work(self, msg: WorkRequest, peer_id: str) -> WorkReply:
         self._node(peer_id)

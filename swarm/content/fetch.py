@@ -1,0 +1,219 @@
+"""Fetching a model's chunks from several peers at once.
+
+One worker per peer (the learner and every holder it names): each asks its peer for the
+next chunks that are missing, not already asked of another peer and held by that peer (as
+its last reply's bitmap said), checks every chunk against the signed manifest and writes it
+to disk. A peer that sends a bad chunk is never asked again and the chunk goes back to the
+pool, so another peer supplies it; a peer that fails ``max_failures`` requests in a row is
+dropped until the next holder refresh. Holders are refreshed every ``holder_refresh_s``
+(nodes still fetching become holders of what they have), and the caller's ``report`` hook
+runs at the same pace, so this node becomes a holder too.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import trio
+
+from swarm.content.store import ModelCopy, from_bitmap
+from swarm.errors import SwarmError
+from swarm.proto import MODEL_CHUNKS
+from swarm.proto.dissem import PeerRef
+from swarm.proto.model import ModelChunkReply, ModelChunkRequest
+from swarm.wire import WireError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FetchSettings:
+    #: Chunks asked for in one request.
+    batch: int = 4
+    #: Deadline (s) of one chunk request.
+    request_timeout_s: float = 30.0
+    #: How often (s) holders are asked for again and progress is reported.
+    holder_refresh_s: float = 2.0
+    #: Pause (s) before asking a peer again that had nothing this node needs.
+    empty_backoff_s: float = 0.5
+    #: Failed requests in a row after which a peer is dropped (until the next refresh).
+    max_failures: int = 3
+    #: Give up after this long (s) without a new chunk.
+    give_up_s: float = 120.0
+
+
+class FetchError(Exception):
+    """The model could not be fetched (no peer had the missing chunks for ``give_up_s``)."""
+
+
+def pick_chunks(missing: list[int], in_flight: set[int], peer_has: set[int] | None, batch: int,
+                start: int = 0) -> list[int]:
+    """The next chunks to ask one peer for: missing ones not asked of anyone else and held by
+    the peer (``None``: it holds everything), scanning from ``start`` (wrapping around), so
+    fetchers that start at different offsets soon hold different chunks to trade."""
+    if batch < 1:
+        return []
+    pivot = next((k for k, i in enumerate(missing) if i >= start), len(missing))
+    out = []
+    for i in missing[pivot:] + missing[:pivot]:
+        if i in in_flight or (peer_has is not None and i not in peer_has):
+            continue
+        out.append(i)
+        if len(out) == batch:
+            break
+    return out
+
+
+Progress = Callable[[int, int, float, int], None]
+
+
+@dataclass
+class ModelFetcher:
+    host: object
+    copy: ModelCopy
+    learner_peer: str
+    #: Returns the current holders (asks the learner).
+    holders: Callable[[], Awaitable[list[PeerRef]]]
+    settings: FetchSettings = field(default_factory=FetchSettings)
+    #: ``progress(bytes_done, total_bytes, bytes_per_s, active_peers)`` after each chunk batch.
+    progress: Progress | None = None
+    #: Called every refresh with this fetcher (the node reports itself as a holder).
+    report: Callable[["ModelFetcher"], Awaitable[None]] | None = None
+    #: Bytes received per peer.
+    from_peers: dict[str, int] = field(default_factory=dict)
+    bad_peers: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self._in_flight: set[int] = set()
+        self._workers: set[str] = set()
+        self._progress_event = trio.Event()
+        self._start = random.randrange(max(1, self.copy.n))
+        self._t0 = time.monotonic()
+        self._bytes0 = self.copy.count() * self.copy.manifest.chunk_bytes
+        self.fetch_s = 0.0
+
+    def done_bytes(self) -> int:
+        m = self.copy.manifest
+        last = m.total_bytes - (self.copy.n - 1) * m.chunk_bytes
+        held = self.copy.count()
+        return min(m.total_bytes, held * m.chunk_bytes - (m.chunk_bytes - last if self.copy.has(self.copy.n - 1) else 0))
+
+    async def run(self) -> None:
+        """Fetch every missing chunk; raises :class:`FetchError` when stuck for ``give_up_s``."""
+        if not self.copy.missing():
+            return
+        s = self.settings
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._refresh_loop, nursery)
+            last = trio.current_time()
+            while self.copy.missing():
+                with trio.move_on_after(max(0.0, last + s.give_up_s - trio.current_time())) as scope:
+                    await self._progress_event.wait()
+                if scope.cancelled_caught:
+                    raise FetchError(f"no new chunk for {s.give_up_s:.0f} s; {len(self.copy.missing())} of "
+                                     f"{self.copy.n} chunks missing (peers tried: {len(self.from_peers)})")
+                last = trio.current_time()
+            self.fetch_s = time.monotonic() - self._t0
+            nursery.cancel_scope.cancel()
+        if self.report is not None:
+            with trio.move_on_after(s.request_timeout_s):
+                await self.report(self)
+
+    def _poke(self) -> None:
+        self._progress_event.set()
+        self._progress_event = trio.Event()
+
+    async def _refresh_loop(self, nursery: trio.Nursery) -> None:
+        s = self.settings
+        self._spawn(nursery, PeerRef(self.learner_peer, []))
+        while True:
+            try:
+                with trio.fail_after(s.request_timeout_s):
+                    refs = await self.holders()
+            except (SwarmError, WireError, trio.TooSlowError) as e:
+                log.info("holder refresh failed: %s", e)
+                refs = []
+            for ref in refs:
+                self._spawn(nursery, ref)
+            if self.report is not None:
+                try:
+                    with trio.fail_after(s.request_timeout_s):
+                        await self.report(self)
+                except (SwarmError, WireError, trio.TooSlowError) as e:
+                    log.info("progress report failed: %s", e)
+            await trio.sleep(s.holder_refresh_s)
+
+    def _spawn(self, nursery: trio.Nursery, ref: PeerRef) -> None:
+        me = getattr(self.host, "peer_id", "")
+        if ref.peer_id in self._workers or ref.peer_id in self.bad_peers or ref.peer_id == me:
+            return
+        self._workers.add(ref.peer_id)
+        nursery.start_soon(self._worker, ref)
+
+    async def _dial(self, ref: PeerRef) -> None:
+        last: Exception | None = None
+        for addr in ref.addrs:
+            try:
+                await self.host.connect(addr)
+                return
+            except SwarmError as e:
+                last = e
+        if last is not None:
+            raise last
+
+    async def _worker(self, ref: PeerRef) -> None:
+        s, peer = self.settings, ref.peer_id
+        m = self.copy.manifest
+        peer_has: set[int] | None = None if peer == self.learner_peer else set()
+        failures = 0
+        try:
+            if peer != self.learner_peer:
+                await self._dial(ref)
+            while self.copy.missing():
+                want = pick_chunks(self.copy.missing(), self._in_flight, peer_has, s.batch, self._start)
+                self._in_flight.update(want)
+                try:
+                    reply = await self.host.request(peer, MODEL_CHUNKS, ModelChunkRequest(m.content_sha256, want),
+                                                    ModelChunkReply, timeout=s.request_timeout_s)
+                except (SwarmError, WireError) as e:
+                    failures += 1
+                    log.info("model chunks from %s failed (%d): %s", peer[-8:], failures, e)
+                    if failures >= s.max_failures:
+                        return
+                    await trio.sleep(s.empty_backoff_s * failures)
+                    continue
+                finally:
+                    self._in_flight.difference_update(want)
+                failures = 0
+                if peer_has is not None:
+                    peer_has = from_bitmap(reply.have, self.copy.n)
+                got = 0
+                for frame in reply.chunks:
+                    if reply.content_sha256 != m.content_sha256 or frame.index not in want \
+                            or not self.copy.add(frame.index, frame.data):
+                        log.warning("model %s: %s sent a bad chunk %d; not asking it again",
+                                    m.content_sha256[:12], peer[-8:], frame.index)
+                        self.bad_peers.add(peer)
+                        self._poke()
+                        return
+                    got += len(frame.data)
+                if got:
+                    self.from_peers[peer] = self.from_peers.get(peer, 0) + got
+                    self._report_progress()
+                    self._poke()
+                else:
+                    await trio.sleep(s.empty_backoff_s)
+        except SwarmError as e:
+            log.info("model holder %s unreachable: %s", peer[-8:], e)
+        finally:
+            self._workers.discard(peer)
+
+    def _report_progress(self) -> None:
+        if self.progress is not None:
+            elapsed = max(1e-6, time.monotonic() - self._t0)
+            done = self.done_bytes()
+            self.progress(done, self.copy.manifest.total_bytes, (done - self._bytes0) / elapsed, len(self._workers))

@@ -1,0 +1,169 @@
+"""The model manifest: build it from a model on disk, sign it, verify it.
+
+The signature covers a domain tag followed by msgpack of the manifest's wire dict without
+``signature``, keys sorted at every level (the adapter manifests' scheme, under another
+domain tag so neither can be replayed as the other). The learner's public key comes from
+its peer id (Ed25519 ids embed the key), never from the manifest or the peer that sent it.
+
+Building reads every byte once (chunk hashes and file hashes in one pass); the unsigned
+result is cached under ``<cache>/manifests/`` keyed by the files' paths, sizes, mtimes and
+the chunk size, so a learner restart does not read a large model again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from swarm.content.model_id import ModelFileRef, content_sha256_of, model_files
+from swarm.dissem.manifest import ManifestError, chunk_hash, public_key_of
+from swarm.proto.model import ModelFile, ModelManifest
+from swarm.wire import WireError
+
+#: Prepended to the signed bytes.
+SIGNING_DOMAIN = b"echo-swarm/model-manifest/1\x00"
+#: Default chunk size of a model transfer.
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+KINDS = ("gguf", "hf")
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "ManifestError", "build_model_manifest", "canonical_bytes", "chunk_ok",
+           "chunk_range", "sign_model_manifest", "verify_model_manifest"]
+
+
+def _sorted(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _sorted(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, list):
+        return [_sorted(v) for v in obj]
+    return obj
+
+
+def canonical_bytes(m: ModelManifest) -> bytes:
+    wire = m.to_wire()
+    wire.pop("signature", None)
+    return SIGNING_DOMAIN + msgpack.packb(_sorted(wire), use_bin_type=True)
+
+
+def _cache_file(cache_dir: Path, files: list[tuple[str, Path]], chunk_bytes: int) -> Path:
+    parts = [str(chunk_bytes)]
+    for rel, full in files:
+        st = full.stat()
+        parts += [rel, str(full), str(st.st_size), str(st.st_mtime_ns)]
+    key = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
+    return Path(cache_dir) / "manifests" / f"{key}.msgpack"
+
+
+def build_model_manifest(path: Path, *, name: str, signer: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                         cache_dir: Path | None = None) -> ModelManifest:
+    """The unsigned manifest of the model (GGUF file or HF directory) at ``path``."""
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    path = Path(path)
+    files = model_files(path)
+    kind = "hf" if path.is_dir() else "gguf"
+    cached = _cache_file(cache_dir, files, chunk_bytes) if cache_dir else None
+    if cached is not None and cached.is_file():
+        try:
+            m = ModelManifest.from_wire(msgpack.unpackb(cached.read_bytes(), raw=False))
+            m.name, m.signer, m.signature = name, signer, b""
+            return m
+        except (ValueError, WireError, msgpack.UnpackException):
+            pass  # rebuild
+    refs: list[ModelFileRef] = []
+    hashes: list[bytes] = []
+    buf = bytearray()
+    for rel, full in files:
+        h = hashlib.sha256()
+        size = 0
+        with open(full, "rb") as f:
+            while block := f.read(chunk_bytes):
+                h.update(block)
+                size += len(block)
+                buf += block
+                while len(buf) >= chunk_bytes:
+                    hashes.append(chunk_hash(bytes(buf[:chunk_bytes])))
+                    del buf[:chunk_bytes]
+        refs.append(ModelFileRef(rel, size, h.hexdigest()))
+    if buf or not hashes:
+        hashes.append(chunk_hash(bytes(buf)))
+    m = ModelManifest(
+        content_sha256=content_sha256_of(refs, kind == "hf"), name=name, kind=kind,
+        files=[ModelFile(r.relpath, r.size, r.sha256) for r in refs], total_bytes=sum(r.size for r in refs),
+        chunk_bytes=chunk_bytes, chunk_hashes=hashes, signer=signer,
+    )
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(msgpack.packb(m.to_wire(), use_bin_type=True))
+        os.replace(tmp, cached)
+    return m
+
+
+def sign_model_manifest(m: ModelManifest, private_key: Any) -> ModelManifest:
+    """Sign in place with a libp2p ``PrivateKey`` (the learner host's identity key)."""
+    m.signature = private_key.sign(canonical_bytes(m))
+    return m
+
+
+def verify_model_manifest(m: ModelManifest, learner_peer_id: str, content_sha256: str | None = None) -> None:
+    """Raise :class:`ManifestError` unless ``m`` is signed by ``learner_peer_id``, is
+    self-consistent and (when given) describes the model ``content_sha256``."""
+    tag = f"model manifest {m.content_sha256[:12]}"
+    if m.signer != learner_peer_id:
+        raise ManifestError(f"{tag} is signed by {m.signer}, not the learner {learner_peer_id}")
+    if not m.signature:
+        raise ManifestError(f"{tag} is unsigned")
+    try:
+        ok = public_key_of(learner_peer_id).verify(canonical_bytes(m), m.signature)
+    except ManifestError:
+        raise
+    except Exception as e:
+        raise ManifestError(f"{tag}: signature check failed: {e}") from e
+    if not ok:
+        raise ManifestError(f"{tag}: bad signature")
+    if content_sha256 is not None and m.content_sha256 != content_sha256:
+        raise ManifestError(f"{tag} is not the model {content_sha256[:12]} that was asked for")
+    check_consistent(m)
+
+
+def check_consistent(m: ModelManifest) -> None:
+    if m.kind not in KINDS:
+        raise ManifestError(f"unknown model kind {m.kind!r} (known: {', '.join(KINDS)})")
+    if not m.files or (m.kind == "gguf" and len(m.files) != 1):
+        raise ManifestError(f"a {m.kind} model with {len(m.files)} files")
+    rels = [f.relpath for f in m.files]
+    if rels != sorted(set(rels)):
+        raise ManifestError("model files must be unique and sorted by path")
+    for rel in rels:
+        p = Path(rel)
+        if p.is_absolute() or ".." in p.parts or rel.startswith(".") or "\\" in rel or not rel:
+            raise ManifestError(f"unsafe file path in manifest: {rel!r}")
+    if sum(f.size for f in m.files) != m.total_bytes:
+        raise ManifestError("file sizes do not add up to total_bytes")
+    expected = max(1, -(-m.total_bytes // m.chunk_bytes))
+    if len(m.chunk_hashes) != expected:
+        raise ManifestError(f"{len(m.chunk_hashes)} chunk hashes for {m.total_bytes} bytes in {m.chunk_bytes}-byte chunks")
+    if any(len(h) != 32 for h in m.chunk_hashes):
+        raise ManifestError("chunk hashes must be 32-byte SHA-256 digests")
+    refs = [ModelFileRef(f.relpath, f.size, f.sha256) for f in m.files]
+    if content_sha256_of(refs, m.kind == "hf") != m.content_sha256:
+        raise ManifestError("the content hash does not match the files' hashes")
+
+
+def chunk_range(m: ModelManifest, index: int) -> tuple[int, int]:
+    """``(offset, size)`` of chunk ``index`` in the concatenated files."""
+    if not 0 <= index < len(m.chunk_hashes):
+        raise IndexError(f"chunk {index} of {len(m.chunk_hashes)}")
+    start = index * m.chunk_bytes
+    return start, min(m.chunk_bytes, m.total_bytes - start)
+
+
+def chunk_ok(m: ModelManifest, index: int, data: bytes) -> bool:
+    """Whether ``data`` is chunk ``index`` of ``m`` (right size and SHA-256)."""
+    if not 0 <= index < len(m.chunk_hashes):
+        return False
+    return len(data) == chunk_range(m, index)[1] and chunk_hash(data) == m.chunk_hashes[index]

@@ -1,0 +1,112 @@
+"""Base-model transfer messages: the learner's signed model manifest, chunk requests
+between peers, and holder reports (see ``swarm.content``).
+
+A model travels as the concatenation of its files (in manifest order) cut into
+``chunk_bytes`` chunks; every chunk has its SHA-256 in the manifest, and the manifest is
+signed by the learner's libp2p key (``swarm.content.manifest``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from swarm.proto.dissem import MAX_CHUNKS, ChunkFrame, PeerRef
+from swarm.wire import Message, bounded, bounded_default
+
+#: Most files in one model directory.
+MAX_FILES = 10_000
+#: Most holders named in one manifest reply.
+MAX_HOLDERS = 64
+
+
+@dataclass
+class ModelFile(Message):
+    KIND = "model_file"
+    #: Path relative to the model root, POSIX separators (the file's own name for a GGUF).
+    relpath: str
+    size: int = bounded(min=0)
+    #: Hex SHA-256 of the file's bytes.
+    sha256: str
+
+
+@dataclass
+class ModelManifest(Message):
+    """Everything a node needs to fetch and check a base model."""
+
+    KIND = "model_manifest"
+    #: The model's content hash (``swarm.content.model_id``): hex SHA-256.
+    content_sha256: str
+    #: Human-readable name (``default``, a file or directory name).
+    name: str
+    #: ``gguf`` (one GGUF file) or ``hf`` (an HF model directory).
+    kind: str
+    #: Files in transfer order (sorted by ``relpath``).
+    files: list[ModelFile] = bounded(max_items=MAX_FILES)
+    #: Sum of the file sizes, bytes.
+    total_bytes: int = bounded(min=0)
+    #: Chunk size; the last chunk may be shorter.
+    chunk_bytes: int = bounded(min=1, max=64 * 1024 * 1024)
+    #: SHA-256 of every chunk, in order.
+    chunk_hashes: list[bytes] = bounded(max_items=MAX_CHUNKS)
+    #: Base58 peer id of the learner that signed it.
+    signer: str
+    #: Ed25519 signature (empty while unsigned).
+    signature: bytes = b""
+
+
+@dataclass
+class ModelManifestRequest(Message):
+    KIND = "model_manifest_request"
+    #: Which model (empty: the run's).
+    content_sha256: str = ""
+
+
+@dataclass
+class ModelManifestReply(Message):
+    KIND = "model_manifest_reply"
+    manifest: ModelManifest | None = None
+    #: Peers holding all or part of the model (the learner not included).
+    holders: list[PeerRef] = field(default_factory=list)
+    #: Why there is no manifest.
+    reason: str = ""
+
+
+@dataclass
+class ModelChunkRequest(Message):
+    KIND = "model_chunk_request"
+    content_sha256: str
+    indices: list[int] = bounded(max_items=4096)
+
+
+@dataclass
+class ModelChunkReply(Message):
+    """The requested chunks the peer holds (possibly none, possibly fewer than asked), and
+    a bitmap of every chunk it holds (bit ``i % 8`` of byte ``i // 8``), so the asker can
+    pick what to ask it for next."""
+
+    KIND = "model_chunk_reply"
+    content_sha256: str
+    chunks: list[ChunkFrame] = field(default_factory=list)
+    have: bytes = b""
+
+
+@dataclass
+class ModelHave(Message):
+    """A node holds (part of) a model and serves it at ``addrs``."""
+
+    KIND = "model_have"
+    content_sha256: str
+    addrs: list[str] = bounded(max_items=16)
+    #: Verified chunks held.
+    chunks: int = bounded(min=0)
+    complete: bool = False
+    #: Bytes received from each peer (peer id -> bytes) while fetching it.
+    from_peers: dict[str, int] = field(default_factory=dict)
+    #: Seconds the fetch took (0: not fetched, e.g. held locally).
+    fetch_s: float = bounded_default(0.0, min=0.0)
+
+
+@dataclass
+class ModelHaveAck(Message):
+    KIND = "model_have_ack"
+    ok: bool = True
