@@ -281,6 +281,8 @@ class SwarmHost(RawStreams):
             raise PeerUnreachable(f"bad peer address {addr!r}: {e}") from e
         peer = info.peer_id.to_base58()
         self._known_addrs[peer] = list(info.addrs)
+        # An explicit address is news: forget that the peer failed at other addresses lately.
+        getattr(self.libp2p_host.get_network(), "unblock_peer", lambda pid: None)(info.peer_id)
         await self._dial(info.peer_id)
         return peer
 

@@ -93,6 +93,20 @@ def candidate_addrs(addrs: list[str], peer_id: str, remote_ip: str | None,
     return out[:limit]
 
 
+def remote_ip_of(host, peer_id: str) -> str | None:
+    """The remote IP of ``host``'s current connection from ``peer_id`` (None if none)."""
+    from libp2p.peer.id import ID
+
+    from swarm.addrs import connection_remote_ip
+
+    try:
+        conns = host.libp2p_host.get_network().get_connections(ID.from_base58(peer_id))
+    except Exception:
+        return None
+    ips = [ip for ip in map(connection_remote_ip, conns) if ip is not None]
+    return ips[0] if ips else None
+
+
 async def dial_back(peer_id: str, addrs: list[str], remote_ip: str | None = None, *,
                     timeout_s: float = DIAL_TIMEOUT_S) -> Reach:
     """Dial ``peer_id`` afresh at its advertised ``addrs`` from a throwaway host; the first

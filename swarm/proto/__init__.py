@@ -20,6 +20,8 @@ DISSEM_CHUNKS = protocol_id("dissem-chunks")
 DISSEM_JOIN = protocol_id("dissem-join")
 DISSEM_MANIFEST = protocol_id("dissem-manifest")
 DISSEM_HAVE = protocol_id("dissem-have")
+#: Discovery (``swarm.proto.discovery``): ask any member which run it belongs to.
+RUN_INFO = protocol_id("run-info")
 #: Base-model transfer (``swarm.proto.model``): the learner's signed model manifest (+ holders),
 #: chunk fetches from any holder, and holders' reports to the learner.
 MODEL_MANIFEST = protocol_id("model-manifest")
