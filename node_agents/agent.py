@@ -28,6 +28,10 @@ log = logging.getLogger("echo_swarm.node")
 
 #: A work request may wait this long on the learner (its long poll) beyond the request timeout.
 LONG_POLL_GRACE_S = 30.0
+#: Work that has taken this long (waiting for an adapter version) gets a progress line ...
+PROGRESS_AFTER_S = 3.0
+#: ... and another one this often while it lasts.
+PROGRESS_EVERY_S = 10.0
 
 
 def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Random | None = None) -> float:
@@ -39,6 +43,10 @@ def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Rand
 
 class LearnerGone(Exception):
     """The learner cannot be reached or answered nonsense; reconnect."""
+
+
+class ModelRefused(Exception):
+    """The learner refused this node's base model (another model than the run's): fatal."""
 
 
 class NodeAgent:
@@ -55,9 +63,32 @@ class NodeAgent:
         self.leases_done = 0
         #: Multi-turn leases: tokenizer and task, built at the first such lease.
         self.episodes = EpisodeRunner(cfg.model)
+        #: How the installed adapter arrived, for the per-lease status line (e.g. ``pushed 0.4s``).
+        self.adapter_note = ""
+        #: Name of the base model, told to the learner (it appears in a refusal message).
+        self.model_name = str(cfg.model) or "the run's model"
 
     def say(self, text: str) -> None:
         print(f"[{self.name}] {text}", flush=True)
+
+    async def _with_progress(self, label: str, fn, *args):
+        """``await fn(*args)``, saying ``label`` with the time spent if it takes long."""
+        result = None
+
+        async def ticker() -> None:
+            t0 = time.perf_counter()
+            await trio.sleep(PROGRESS_AFTER_S)
+            while True:
+                self.say(f"{label} ({time.perf_counter() - t0:.0f}s)")
+                await trio.sleep(PROGRESS_EVERY_S)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            try:
+                result = await fn(*args)
+            finally:
+                nursery.cancel_scope.cancel()
+        return result
 
     async def run(self, host) -> None:
         """Serve the learner until it says the run is done (or retries are exhausted)."""
@@ -83,9 +114,12 @@ class NodeAgent:
         caps = self.backend.capabilities()
         hello = Hello(
             backend=caps.backend, device=caps.device, memory_bytes=caps.memory_bytes,
-            tokens_per_s=caps.tokens_per_s, extra=caps.extra,
+            tokens_per_s=caps.tokens_per_s, extra={**caps.extra, "model": self.model_name},
+            model_sha256=self.cfg.model_sha256,
         )
         ack = await host.request(peer, HELLO, hello, HelloAck, timeout=self.cfg.request_timeout_s)
+        if not ack.accepted and ack.model_sha256 and ack.model_sha256 != self.cfg.model_sha256:
+            raise ModelRefused(f"learner refused the join: {ack.reason}")  # retrying cannot help
         if not ack.accepted:
             raise LearnerGone(f"learner refused the join: {ack.reason}")
         if ack.run_id != self.run_id:
@@ -120,14 +154,19 @@ class NodeAgent:
         if self.adapter_key == (self.run_id, version):
             return
         t0 = time.perf_counter()
-        adapter = await self.sync.adapter(version) if self.sync is not None else None
+        adapter = None
+        if self.sync is not None:
+            adapter = await self._with_progress(f"waiting for adapter v{version} from the swarm ({self.sync.mode})",
+                                                self.sync.adapter, version)
         if adapter is not None:
             await trio.to_thread.run_sync(self.backend.set_adapter, adapter)
             self.adapter_key = (self.run_id, version)
+            self.adapter_note = f"adapter {self.sync.mode} {time.perf_counter() - t0:.1f}s"
             log.info("adapter v%d (%s, pushed) installed in %.2fs", version, self.sync.mode, time.perf_counter() - t0)
             return
-        reply = await host.request(
-            peer, ADAPTER, AdapterRequest(version=version), AdapterReply, timeout=self.cfg.request_timeout_s
+        reply = await self._with_progress(
+            f"fetching adapter v{version} from the learner", host.request,
+            peer, ADAPTER, AdapterRequest(version=version), AdapterReply, self.cfg.request_timeout_s,
         )
         if reply.version != version:
             raise LearnerGone(f"asked for adapter v{version}, got v{reply.version}")
@@ -139,9 +178,11 @@ class NodeAgent:
             self.sync.remember(version, adapter.tensors)
         await trio.to_thread.run_sync(self.backend.set_adapter, adapter)
         self.adapter_key = (self.run_id, version)
+        self.adapter_note = f"adapter fetched {time.perf_counter() - t0:.1f}s"
         log.info("adapter v%d (direct fetch) installed in %.2fs", version, time.perf_counter() - t0)
 
     async def _serve_lease(self, host, peer: str, lease: Lease) -> None:
+        self.adapter_note = "adapter held"
         await self._ensure_adapter(host, peer, lease.version)
         s = lease.sampling
         t0 = time.perf_counter()
@@ -172,5 +213,6 @@ class NodeAgent:
         note = f" rejected {ack.rejections}" if ack.rejections else ""
         self.say(
             f"v{lease.version} lease {lease.lease_id}: {len(results)} group(s), {tokens} tok in {gen_s:.1f}s "
-            f"({tokens / max(gen_s, 1e-9):.0f} tok/s), pushed {pushed} (total {self.pushed_completions}){note}"
+            f"({tokens / max(gen_s, 1e-9):.0f} tok/s), pushed {pushed} (total {self.pushed_completions}), "
+            f"{self.adapter_note}, lease #{self.leases_done}{note}"
         )
