@@ -9,6 +9,10 @@ weights every tree node decodes. In ``direct`` mode nothing is pushed.
 
 Membership: nodes register (``DISSEM_JOIN``) with the addresses peers can dial and their
 upload bandwidth; a node the broadcast cannot reach is dropped until it registers again.
+Reachability is measured, never assumed: when a node registers with new addresses the
+learner dials it back from a throwaway host (``swarm.discovery.reach``) before answering;
+a node no address of which answers is a leaf the learner feeds itself, never a relay, and
+is not offered to other nodes as a holder to fetch from.
 Nodes report each complete version (``DISSEM_HAVE``); those reports give the delivery
 times and tell late nodes (``DISSEM_MANIFEST``) which peers to fetch from.
 """
@@ -29,6 +33,7 @@ from swarm.dissem.broadcast import BroadcastSettings, Disseminator
 from swarm.dissem.codec import CodecConfig
 from swarm.dissem.manifest import build_version, decode_version, sign_manifest
 from swarm.dissem.store import Assembly, ChunkStore
+from swarm.discovery.reach import Reach, dial_back, remote_ip_of
 from swarm.dissem.tree import Member, Plan, build_plan
 from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
 from swarm.proto.adapter import AdapterReply, encode_tensors
@@ -71,6 +76,8 @@ class LearnerDissem:
         #: Which peers may register (None: any); the learner admits nodes that said hello.
         self.admit: Callable[[str], bool] | None = None
         self._changed = trio.Event()
+        #: peer id -> (the addresses measured, the dial-back result).
+        self.reach: dict[str, tuple[tuple[str, ...], Reach]] = {}
 
     def register(self) -> None:
         self.dis.register()
@@ -87,14 +94,31 @@ class LearnerDissem:
         if self.admit is not None and not self.admit(peer_id):
             log.warning("dissem: refused registration of %s: it has not said hello", peer_id[-6:])
             raise PermissionError("say hello first")
-        member = Member(peer_id, msg.upload_bps, tuple(msg.addrs))
+        addrs = tuple(msg.addrs)
+        reach = await self.measure(peer_id, addrs)
+        member = Member(peer_id, msg.upload_bps, addrs, reach.reachable)
         if self.members.get(peer_id) != member:
-            log.info("dissem: %s registered (%d addrs, %.1f Mbit/s up)", peer_id[-6:], len(msg.addrs),
-                     msg.upload_bps * 8e-6)
+            log.info("dissem: %s registered (%d addrs, %.1f Mbit/s up, %s)", peer_id[-6:], len(msg.addrs),
+                     msg.upload_bps * 8e-6, "reachable" if reach.reachable else "unreachable: a leaf")
         self.members[peer_id] = member
         self._notify()
         current = max(self.have, default=-1)
         return DissemJoinAck(self.cfg.mode, self.cfg.stall_timeout_s, self.cfg.node_wait_s, current)
+
+    async def measure(self, peer_id: str, addrs: tuple[str, ...]) -> Reach:
+        """Dial ``peer_id`` back at ``addrs`` (once per set of addresses) and log the result."""
+        known = self.reach.get(peer_id)
+        if known is not None and known[0] == addrs:
+            return known[1]
+        reach: Reach | None = None
+        with trio.move_on_after(self.cfg.dial_back_budget_s):
+            reach = await dial_back(peer_id, list(addrs), remote_ip_of(self.host, peer_id),
+                                    timeout_s=self.cfg.dial_back_timeout_s)
+        if reach is None:
+            reach = Reach(peer_id, False, errors=(f"no answer within {self.cfg.dial_back_budget_s} s",))
+        self.reach[peer_id] = (addrs, reach)
+        log.info("dissem: dial-back to %s: %s", peer_id[-6:], reach.summary())
+        return reach
 
     def drop(self, peer_id: str) -> None:
         if self.members.pop(peer_id, None) is not None:
@@ -102,12 +126,13 @@ class LearnerDissem:
 
     def plan(self, members: list[Member]) -> Plan:
         """The broadcast plan for ``members``, rebuilt only when they changed."""
-        key = (tuple(sorted((m.peer_id, m.upload_bps) for m in members)), self.cfg.mode,
+        key = (tuple(sorted((m.peer_id, m.upload_bps, m.reachable) for m in members)), self.cfg.mode,
                self.cfg.fan_out, self.cfg.stripes)
         if self._plan is None or self._plan[0] != key:
             plan = build_plan(members, self.cfg.mode, self.cfg.fan_out, self.cfg.stripes)
-            log.info("dissem: %s plan over %d node(s): %d stripe(s), depth %d",
-                     plan.mode, len(members), plan.stripes, plan.depth())
+            log.info("dissem: %s plan over %d node(s): %d stripe(s), depth %d, relays %s, unreachable leaves %s",
+                     plan.mode, len(members), plan.stripes, plan.depth(),
+                     sorted(p[-6:] for p in plan.relays()), sorted(m.peer_id[-6:] for m in members if not m.reachable))
             self._plan = (key, plan)
         return self._plan[1]
 
@@ -143,7 +168,7 @@ class LearnerDissem:
             self.started_at.pop(v, None)
         chosen = [self.members[p] for p in (members if members is not None else list(self.members))
                   if p in self.members]
-        holders = [PeerRef(m.peer_id, list(m.addrs)) for m in chosen]
+        holders = [PeerRef(m.peer_id, list(m.addrs)) for m in chosen if m.reachable]
         self.started_at[asm.version] = time.time()
         plan = self.plan(chosen)
         self._nursery.start_soon(self.dis.broadcast, asm, plan, holders)
@@ -203,9 +228,10 @@ class LearnerDissem:
         asm = self.store.get(msg.version)
         if asm is None:
             return ManifestReply(None, [])
-        done = [p for p in self.have.get(msg.version, {}) if p != peer_id and p in self.members]
+        ok = {p for p, m in self.members.items() if m.reachable and p != peer_id}
+        done = [p for p in self.have.get(msg.version, {}) if p in ok]
         random.shuffle(done)
-        others = [p for p in self.members if p != peer_id and p not in done]
+        others = [p for p in ok if p not in done]
         holders = [PeerRef(p, list(self.members[p].addrs)) for p in (done + others)[:MAX_HOLDERS_REPLY]]
         return ManifestReply(asm.manifest, holders)
 
