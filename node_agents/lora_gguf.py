@@ -3,7 +3,7 @@
 Facts this module relies on (checked against llama.cpp's ``llama-adapter.cpp``):
 
 * Metadata: ``general.type = "adapter"``, ``general.architecture`` equal to the base model's
-  (``llama`` here; a mismatch is rejected), ``adapter.type = "lora"`` and
+  (``llama``, ``qwen2`` or ``qwen3``; llama.cpp rejects a mismatch), ``adapter.type = "lora"`` and
   ``adapter.lora.alpha`` (float32). llama.cpp scales each pair by ``alpha / rank`` where
   ``rank`` is the inner dimension of the pair, so with an attach scale of 1.0 the update
   equals peft's ``(lora_alpha / r) * B @ A`` (plain LoRA, not rsLoRA).
@@ -18,7 +18,13 @@ Facts this module relies on (checked against llama.cpp's ``llama-adapter.cpp``):
   every head (HF stores the two rotary halves one after the other, GGUF interleaves them).
   The delta ``B @ A`` lives in the same row space as the weight, so the rows of ``lora_b``
   for q and k need the same reordering (with ``n_head`` for q and ``n_head_kv`` for k);
-  ``lora_a`` works on the input side and is left alone.
+  ``lora_a`` works on the input side and is left alone. Only the Llama architecture gets this
+  reordering: llama.cpp runs Qwen2/Qwen3 with the NEOX rope, on HF's own row order, so their
+  adapters are written unpermuted (``node_agents.families``).
+* Per family: the tensor-name map is the same for all three (peft module -> ``attn_q`` ...);
+  Qwen2's q/k/v biases and Qwen3's q/k norms are base tensors an adapter never touches; a
+  tied LM head (``token_embd`` only) needs nothing, as no LoRA targets it. Any other
+  architecture is refused with the list of supported ones.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from node_agents.backends.base import LoraAdapter
+from node_agents.families import family_by_gguf_arch
 
 #: peft module name -> llama.cpp tensor base name.
 MODULE_TO_GGUF = {
@@ -73,13 +80,19 @@ def parse_peft_name(name: str) -> tuple[int, str, str] | None:
 
 
 def adapter_to_gguf_tensors(
-    adapter: LoraAdapter, n_head: int, n_head_kv: int, *, permute_qk: bool = True
+    adapter: LoraAdapter, n_head: int, n_head_kv: int, *, arch: str = "llama", permute_qk: bool | None = None
 ) -> dict[str, np.ndarray]:
     """Map an adapter's peft tensors to llama.cpp names and layouts (float32, contiguous).
 
-    ``permute_qk=False`` exists only so a test can prove the permutation matters.
-    Raises ``ValueError`` for an unknown tensor name, an unpaired A/B, or a rank mismatch.
+    ``arch`` is the base GGUF's ``general.architecture``; it decides the q/k permutation.
+    ``permute_qk`` overrides that decision only so a test can prove the permutation matters.
+    Raises ``UnsupportedFamilyError`` (a ``ValueError``) for an architecture not in
+    ``node_agents.families``, and ``ValueError`` for an unknown tensor name, an unpaired A/B,
+    or a rank mismatch.
     """
+    family = family_by_gguf_arch(arch)
+    if permute_qk is None:
+        permute_qk = family.permute_qk
     out: dict[str, np.ndarray] = {}
     for name, value in adapter.tensors.items():
         parsed = parse_peft_name(name)
@@ -112,16 +125,16 @@ def write_lora_gguf(
     n_head: int,
     n_head_kv: int,
     arch: str = "llama",
-    permute_qk: bool = True,
+    permute_qk: bool | None = None,
 ) -> Path:
     """Write ``adapter`` to ``path`` as a GGUF LoRA adapter for a base of architecture ``arch``.
 
     ``n_head`` / ``n_head_kv`` are the base model's attention head counts
-    (``llama.attention.head_count`` / ``head_count_kv``; ``gguf_tools.read_head_counts``).
+    (``<arch>.attention.head_count`` / ``head_count_kv``; ``gguf_tools.read_head_counts``).
     """
     import gguf
 
-    tensors = adapter_to_gguf_tensors(adapter, n_head, n_head_kv, permute_qk=permute_qk)
+    tensors = adapter_to_gguf_tensors(adapter, n_head, n_head_kv, arch=arch, permute_qk=permute_qk)
     if not tensors:
         raise ValueError("adapter has no tensors; use the base model instead")
     path = Path(path)

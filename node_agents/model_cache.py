@@ -135,14 +135,27 @@ def rope_theta_of(config: dict) -> float | None:
     return (config.get("rope_parameters") or {}).get("rope_theta")
 
 
+def mlx_rope_fields(config: dict) -> dict:
+    """Top-level rope fields mlx-lm needs and ``config`` lacks (pure): ``rope_theta`` and, for a
+    scaled rope (Llama-3's ``llama3`` type), ``rope_scaling`` -- mlx-lm's llama reads neither
+    from transformers 5's ``rope_parameters`` and silently runs a plain rope without them."""
+    out: dict = {}
+    theta = rope_theta_of(config)
+    if "rope_theta" not in config and theta is not None:
+        out["rope_theta"] = theta
+    params = config.get("rope_parameters") or {}
+    if not config.get("rope_scaling") and params.get("rope_type", "default") != "default":
+        out["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"}
+    return out
+
+
 def add_rope_theta(config_path: Path) -> None:
-    """Copy ``rope_parameters.rope_theta`` to a top-level ``rope_theta`` (for mlx-lm) if absent."""
+    """Add :func:`mlx_rope_fields` (top-level ``rope_theta``/``rope_scaling``) to a config if absent."""
     cfg = json.loads(config_path.read_text())
-    if "rope_theta" not in cfg:
-        theta = rope_theta_of(cfg)
-        if theta is not None:
-            cfg["rope_theta"] = theta
-            config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    extra = mlx_rope_fields(cfg)
+    if extra:
+        cfg.update(extra)
+        config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def ensure_mlx(hf_dir: str | os.PathLike, dtype: str = "float32", cache_dir: str | os.PathLike | None = None) -> Path:
@@ -160,9 +173,7 @@ def convert_hf_to_mlx(hf_dir: Path, out_dir: Path, dtype: str = "float32") -> No
     from mlx_lm.utils import load_config, load_model, save_config, save_model
 
     config = load_config(hf_dir)
-    theta = rope_theta_of(config)
-    extra = {"rope_theta": theta} if theta is not None and "rope_theta" not in config else None
-    model, config = load_model(hf_dir, model_config=extra)
+    model, config = load_model(hf_dir, model_config=mlx_rope_fields(config) or None)
     model.set_dtype(getattr(mx, dtype))
     save_model(out_dir, model)
     config.pop("quantization_config", None)

@@ -52,15 +52,20 @@ def resolve_gguf(model: str | Path = "default") -> Path:
 BACKEND_FORMATS = {"llamacpp": "gguf", "torch": "hf", "mlx": "mlx"}
 
 
+#: GGUF type an HF directory is converted to for llama.cpp nodes: float32, like the learner's
+#: weights, so behaviour log-probs differ from the learner's only by arithmetic order.
+HF_GGUF_OUTTYPE = "f32"
+
+
 def resolve_for_backend(model: str | Path, backend: str, cache_dir: str | Path | None = None,
-                        mlx_dtype: str = "float32") -> Path:
+                        mlx_dtype: str = "float32", gguf_outtype: str = HF_GGUF_OUTTYPE) -> Path:
     """The base model ``model`` in ``backend``'s own format, converted once and cached.
 
     ``model`` is ``default`` (the packaged GGUF), a ``.gguf`` file or an HF model directory.
     llama.cpp gets the GGUF; torch gets a float32 HF directory (dequantised from the GGUF, or
     the given directory as-is); MLX gets an mlx-lm directory in ``mlx_dtype`` written from that
-    HF directory. An HF directory cannot be turned into a GGUF here (llama.cpp's converter is
-    not part of the project): llama.cpp nodes need a GGUF.
+    HF directory. An HF directory is turned into a GGUF (``gguf_outtype``) for llama.cpp by
+    llama.cpp's own converter (``node_agents.convert.hf_to_gguf``), once, into the cache.
     """
     from node_agents import model_cache
 
@@ -70,9 +75,11 @@ def resolve_for_backend(model: str | Path, backend: str, cache_dir: str | Path |
     if str(model) not in ("", "default") and path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path} is a directory without config.json (not an HF model directory)")
-        if backend == "llamacpp":
-            raise ModelNotFoundError(f"the llama.cpp backend needs a .gguf file, not the directory {path}")
         hf_dir = path.resolve()
+        if backend == "llamacpp":
+            from node_agents.convert import hf_to_gguf
+
+            return hf_to_gguf(hf_dir, None, gguf_outtype, cache_dir=cache_dir)
     else:
         gguf = resolve_gguf(model)
         if backend == "llamacpp":

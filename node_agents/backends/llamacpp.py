@@ -119,6 +119,8 @@ class LlamaCppBackend:
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
         self.n_head = int(lc.llama_model_n_head(self._model))
         self.n_head_kv = int(lc.llama_model_n_head_kv(self._model))
+        #: ``general.architecture`` (llama, qwen2, qwen3): picks the LoRA layout (``lora_gguf``)
+        self.arch = self._meta_str(b"general.architecture") or "llama"
 
         cparams = lc.llama_context_default_params()
         cparams.n_seq_max = self.max_group
@@ -148,6 +150,12 @@ class LlamaCppBackend:
         self._b_nseq[:] = 1
         self._slot_seq = [-1] * self._cap  # seq id currently written in each batch slot
         self._eog_cache: dict[int, bool] = {}
+
+    def _meta_str(self, key: bytes) -> str | None:
+        """A string metadata value of the loaded model, ``None`` when absent."""
+        buf = ctypes.create_string_buffer(256)
+        n = self._lc.llama_model_meta_val_str(self._model, key, buf, ctypes.sizeof(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     # ----------------------------------------------------------------- Backend API
 
@@ -182,7 +190,7 @@ class LlamaCppBackend:
 
         with tempfile.TemporaryDirectory(prefix="echo-lora-") as tmp:
             path = Path(tmp) / f"adapter-v{adapter.version}.gguf"
-            write_lora_gguf(adapter, path, n_head=self.n_head, n_head_kv=self.n_head_kv)
+            write_lora_gguf(adapter, path, n_head=self.n_head, n_head_kv=self.n_head_kv, arch=self.arch)
             self.set_adapter_file(path, adapter.version)
 
     def set_adapter_file(self, path: str | Path, version: int) -> None:
