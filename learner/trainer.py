@@ -5,12 +5,20 @@ advantage) -> padded tensors -> per-token log-probs of the completion tokens und
 policy -> :func:`learner.grpo.policy_loss` per micro-batch (normalised by the token count of the
 whole batch, so accumulation equals one big pass) -> grad-norm clip -> AdamW step.
 
-Numerics: the base weights and the LoRA weights are float32 (master copies); the forward pass
-runs under ``torch.autocast("cpu"|"cuda", dtype=bfloat16)`` (measured 1.5-2.4x faster than
-fp32 on 2-core CPUs); the logits are upcast to float32 and divided by the sampling temperature before the
+Numerics (``ComputeConfig.base_dtype`` / ``bf16_autocast``, set from ``train.precision``, see
+:mod:`learner.placement`): the LoRA weights and their AdamW state are always float32; the base is
+float32 master weights (CPU default) or bfloat16 (CUDA default); the forward pass runs under
+``torch.autocast("cpu"|"cuda", dtype=bfloat16)`` (measured 1.5-2.4x faster than fp32 on 2-core
+CPUs); the logits are upcast to float32 and divided by the sampling temperature before the
 log-softmax, so log-probs are comparable with the nodes' behaviour log-probs.
 The language-model head is applied only at the completion positions (hidden states are
 gathered first), which saves its vocabulary-sized matmul on the prompt tokens.
+
+Several ranks (``dist``, see :mod:`learner.distributed`): each update's batch is split into whole
+groups per rank; each rank's loss is normalised by the whole batch's token count and the LoRA
+gradients are summed over ranks before the clip and the step, so N ranks end with the adapter one
+rank would (up to float summation order). Micro-batch size 0 = planned from free memory
+(:mod:`learner.memory`).
 """
 
 from __future__ import annotations
@@ -19,131 +27,64 @@ import os
 import random
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from learner.grpo import LossKind, policy_loss
+from learner.batching import TrainSample, as_train_samples, loss_tokens, pad_samples  # noqa: F401 (re-exported)
+from learner.grpo import policy_loss
 from learner.models import ResolvedModel
+from learner.trainer_ranks import RankShardingMixin
+from learner.trainer_config import (ALL_PROJECTIONS, ComputeConfig, LoraConfig, LossConfig,  # noqa: F401
+                                    OptimConfig)
 from node_agents.backends.base import LoraAdapter
 
-ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-@dataclass
-class LoraConfig:
-    """The LoRA adapter trained on the frozen base."""
-
-    rank: int = 8
-    """LoRA rank r."""
-    alpha: float = 16.0
-    """Scale numerator: the update is ``(alpha / rank) * B @ A``."""
-    dropout: float = 0.0
-    """LoRA dropout on the adapter input (0: deterministic log-probs)."""
-    target_modules: tuple[str, ...] = ALL_PROJECTIONS
-    """Module names to adapt (default: all 7 attention and MLP projections)."""
-
-
-@dataclass
-class OptimConfig:
-    """AdamW on the LoRA parameters."""
-
-    lr: float = 5e-5
-    """Learning rate (constant)."""
-    weight_decay: float = 0.0
-    """Decoupled weight decay."""
-    max_grad_norm: float = 1.0
-    """Global gradient-norm clip (<= 0 disables)."""
-    betas: tuple[float, float] = (0.9, 0.99)
-    """Adam betas."""
-    eps: float = 1e-8
-    """Adam epsilon."""
-    minibatches: int = 1
-    """Optimizer updates per batch: the batch is split into this many minibatches (whole GRPO
-    groups each) and each gets its own AdamW step (PPO-style; later minibatches are slightly
-    off-policy, which the clipped ratio to the behaviour log-probs accounts for)."""
-
-
-@dataclass
-class LossConfig:
-    """Which policy loss and its clip settings (see :mod:`learner.grpo`)."""
-
-    kind: LossKind = "decoupled"
-    """``ppo_clip``, ``tis`` or ``decoupled``."""
-    clip_eps_low: float = 0.2
-    """Lower PPO clip: ratio >= 1 - clip_eps_low."""
-    clip_eps_high: float = 0.28
-    """Upper PPO clip: ratio <= 1 + clip_eps_high."""
-    is_cap: float = 2.0
-    """Truncation C of the importance weight (tis, decoupled)."""
-
-
-@dataclass
-class ComputeConfig:
-    """How the step is computed."""
-
-    micro_batch_size: int = 8
-    """Sequences per forward/backward; gradients accumulate over the batch."""
-    bf16_autocast: bool = True
-    """Run the forward under bfloat16 autocast (weights stay float32)."""
-    temperature: float = 1.0
-    """Sampling temperature of the nodes; logits are divided by it before the log-softmax."""
-    torch_threads: int | None = None
-    """``torch.set_num_threads`` (process-wide); None leaves torch's default."""
-    device: str = "cpu"
-    """Torch device of the model."""
-    share_prompt: bool = True
-    """Run a GRPO group's shared prompt once per micro-batch (KV cache repeated over the group)."""
-
-
-@dataclass
-class TrainSample:
-    """One completion to train on (any object with these attributes will do)."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    behav_logprobs: list[float]
-    advantage: float
-    loss_mask: list[int] | None = None
-    """Multi-turn episodes: 1 on completion tokens the model sampled, 0 on tokens the environment
-    appended (they are context only: no loss, not counted in the token normaliser). ``None`` =
-    every completion token."""
-
-
-def loss_tokens(sample: Any) -> int:
-    """Completion tokens of ``sample`` that carry the loss (the 1s of its ``loss_mask``)."""
-    mask = getattr(sample, "loss_mask", None)
-    return int(sum(mask)) if mask else len(sample.completion_ids)
-
-
-class Trainer:
+class Trainer(RankShardingMixin):
     """peft LoRA + GRPO on one device. See the module docstring."""
 
     def __init__(self, model: ResolvedModel, lora: LoraConfig | None = None, optim: OptimConfig | None = None,
-                 loss: LossConfig | None = None, compute: ComputeConfig | None = None, seed: int = 0) -> None:
+                 loss: LossConfig | None = None, compute: ComputeConfig | None = None, seed: int = 0,
+                 dist: Any = None) -> None:
         import peft
         from transformers import AutoModelForCausalLM
+
+        from learner.distributed import resolve_device
+        from learner.memory import ModelShape
+        from learner.placement import enable_grad_checkpointing, shard_base_fsdp
 
         self.resolved = model
         self.lora, self.optim_cfg = lora or LoraConfig(), optim or OptimConfig()
         self.loss_cfg, self.compute = loss or LossConfig(), compute or ComputeConfig()
+        self.dist = dist if dist is not None and getattr(dist, "active", False) else None
         if self.compute.torch_threads:
             torch.set_num_threads(int(self.compute.torch_threads))
-        self.device = torch.device(self.compute.device)
+        self.device = torch.device(resolve_device(self.compute.device, getattr(dist, "local_rank", 0)))
+        if self.compute.base_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"base_dtype must be float32 or bfloat16, got {self.compute.base_dtype!r}")
         self.seed, self.step = int(seed), 0
         _seed_everything(self.seed)
 
-        base = AutoModelForCausalLM.from_pretrained(str(model.hf_dir), dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(str(model.hf_dir), dtype=getattr(torch, self.compute.base_dtype))
         base.config.use_cache = False
+        self.shape = ModelShape.from_hf_config(base.config)
         peft_cfg = peft.LoraConfig(r=self.lora.rank, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
                                    target_modules=list(self.lora.target_modules), bias="none", task_type="CAUSAL_LM")
         with warnings.catch_warnings():  # peft 0.21 calls a deprecated transformers 5 property
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             self.model = peft.get_peft_model(base, peft_cfg).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in self.params:  # LoRA masters in float32 whatever the base dtype
+            p.data = p.data.to(torch.float32)
+        if self.compute.grad_checkpointing:
+            enable_grad_checkpointing(self.model.get_base_model())
+            self.compute.share_prompt = False
+        if self.compute.fsdp and self.dist is not None:
+            shard_base_fsdp(self.model.get_base_model(), self.params)
         self.optimizer = torch.optim.AdamW(self.params, lr=self.optim_cfg.lr, betas=tuple(self.optim_cfg.betas),
                                            eps=self.optim_cfg.eps, weight_decay=self.optim_cfg.weight_decay)
 
@@ -152,7 +93,7 @@ class Trainer:
         """Indices grouped into micro-batches. Samples that share a prompt (a GRPO group) go
         together so the prompt is run once per micro-batch (see :meth:`_shared_prompt_logprobs`);
         the rest is grouped by length (less padding)."""
-        mb = max(1, int(self.compute.micro_batch_size))
+        mb = self.micro_batch_size(batch)
         by_prompt: dict[tuple[int, ...], list[int]] = {}
         for i, s in enumerate(batch):
             by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
@@ -199,41 +140,35 @@ class Trainer:
         return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["loss_mask"]  # [n, T]
 
     def _tensors(self, samples: Sequence[Any]) -> dict[str, torch.Tensor]:
-        """Right-padded tensors of n samples (L = longest prompt+completion, T = longest completion)."""
-        n = len(samples)
-        lens = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
-        L, T = max(lens), max(len(s.completion_ids) for s in samples)
-        input_ids = torch.zeros(n, L, dtype=torch.long)  # [n, L] pad id 0: never attended to
-        attn = torch.zeros(n, L, dtype=torch.long)  # [n, L]
-        pos = torch.zeros(n, T, dtype=torch.long)  # [n, T] position whose logits predict token t
-        targets = torch.zeros(n, T, dtype=torch.long)  # [n, T] completion token ids
-        behav = torch.zeros(n, T, dtype=torch.float32)  # [n, T]
-        mask = torch.zeros(n, T, dtype=torch.float32)  # [n, T] 1 on valid completion tokens
-        loss_mask = torch.zeros(n, T, dtype=torch.float32)  # [n, T] 1 on model tokens (multi-turn: not env)
-        adv = torch.zeros(n, dtype=torch.float32)  # [n]
-        for i, s in enumerate(samples):
-            p, c = len(s.prompt_ids), len(s.completion_ids)
-            if p == 0:
-                raise ValueError("a sample needs at least one prompt token")
-            if len(s.behav_logprobs) != c:
-                raise ValueError(f"sample {i}: {c} completion tokens but {len(s.behav_logprobs)} behaviour log-probs")
-            input_ids[i, :p + c] = torch.tensor(list(s.prompt_ids) + list(s.completion_ids), dtype=torch.long)
-            attn[i, :p + c] = 1
-            pos[i, :c] = torch.arange(p - 1, p + c - 1)
-            targets[i, :c] = torch.tensor(list(s.completion_ids), dtype=torch.long)
-            behav[i, :c] = torch.tensor(list(s.behav_logprobs), dtype=torch.float32)
-            mask[i, :c] = 1.0
-            lm = getattr(s, "loss_mask", None)
-            if lm:
-                if len(lm) != c:
-                    raise ValueError(f"sample {i}: {c} completion tokens but a loss mask of {len(lm)}")
-                loss_mask[i, :c] = torch.tensor(list(lm), dtype=torch.float32)
-            else:
-                loss_mask[i, :c] = 1.0
-            adv[i] = float(getattr(s, "advantage", 0.0))
-        t = dict(input_ids=input_ids, attention_mask=attn, pos=pos, targets=targets, behav=behav, mask=mask,
-                 loss_mask=loss_mask, adv=adv)
-        return {k: v.to(self.device) for k, v in t.items()}
+        """Right-padded tensors of n samples (see :func:`learner.batching.pad_samples`)."""
+        return pad_samples(samples, self.device)
+
+    def micro_batch_size(self, batch: Sequence[Any]) -> int:
+        """``compute.micro_batch_size``, or when it is 0 the planner's size for this batch on this
+        device's free memory (raises :class:`learner.memory.SequenceTooLongError` when one
+        sequence does not fit)."""
+        if int(self.compute.micro_batch_size) > 0:
+            return int(self.compute.micro_batch_size)
+        from learner.memory import plan_micro_batch
+        from learner.placement import free_memory_bytes
+
+        lengths = [(len(s.prompt_ids) + len(s.completion_ids), len(s.completion_ids)) for s in batch]
+        lowp = self.compute.bf16_autocast or self.compute.base_dtype == "bfloat16"
+        return plan_micro_batch(self.shape, lengths, free_memory_bytes(self.device), act_bytes=2 if lowp else 4,
+                                grad_checkpointing=self.compute.grad_checkpointing,
+                                attention_scores=self.device.type != "cuda", reserve=self.compute.memory_reserve)
+
+    def describe(self) -> str:
+        """One line for the start of a run: device, dtypes, memory, ranks."""
+        from learner.placement import free_memory_bytes
+
+        gib = free_memory_bytes(self.device) / 2**30
+        mb = self.compute.micro_batch_size or "auto"
+        ranks = f", rank {self.dist.rank}/{self.dist.world} ({self.dist.backend}{', fsdp' if self.compute.fsdp else ''})" \
+            if self.dist is not None else ""
+        return (f"device {self.device}, base {self.compute.base_dtype}, LoRA float32, "
+                f"autocast {'bf16' if self.compute.bf16_autocast else 'off'}, grad checkpointing "
+                f"{'on' if self.compute.grad_checkpointing else 'off'}, micro-batch {mb}, free memory {gib:.1f} GiB{ranks}")
 
     def _completion_logprobs(self, t: dict[str, torch.Tensor], autocast: bool | None = None) -> torch.Tensor:
         """[n, T] log-probs of the completion tokens (temperature-scaled, fp32 log-softmax)."""
@@ -274,7 +209,7 @@ class Trainer:
         prox = None
         if self.loss_cfg.kind == "decoupled" and len(parts) > 1:
             # pi_prox is the policy before this learner step, for every minibatch of it
-            prox = {id(s): lp for s, lp in zip(batch, self.logprobs(batch))}
+            prox = self._prox_logprobs(batch)
         for part in parts:
             st = self._update(part, prox)
             w = st["tokens"] / total_tokens
@@ -298,8 +233,8 @@ class Trainer:
                                  "mismatch_k3": 0.0, "abs_logp_diff": 0.0}
         ratio_max, ratio_min = 0.0, float("inf")
         lc = self.loss_cfg
-        for idxs in self._micro_batches(batch):
-            mb = [batch[i] for i in idxs]
+        local = self._local_indices(batch)  # this rank's whole groups (all of them on one rank)
+        for mb, scale in self._rank_micro_batches(batch, local):
             logp, t = self._logprobs_of(mb)  # [n, T]
             prox_t = None
             if prox is not None:
@@ -308,13 +243,22 @@ class Trainer:
                     prox_t[row, :len(smp.completion_ids)] = torch.from_numpy(prox[id(smp)])
             loss, st = policy_loss(logp, t["behav"], t["adv"], t["loss_mask"], lc.clip_eps_low, lc.clip_eps_high, lc.kind,
                                    prox_logp=prox_t, is_cap=lc.is_cap, token_normalizer=max(total_tokens, 1.0))
-            loss.backward()
+            (loss * scale).backward()
+            if scale == 0.0:  # FSDP padding pass: keeps the ranks' collectives in step, adds nothing
+                continue
             agg["loss"] += float(loss.detach())
             w = st["tokens"] / max(total_tokens, 1.0)  # token-weighted means over the whole batch
             for k in ("clip_frac", "ratio_mean", "is_weight_mean", "mismatch_k3", "abs_logp_diff"):
                 agg[k] += w * st[k]
             if st["tokens"] > 0:
                 ratio_max, ratio_min = max(ratio_max, st["ratio_max"]), min(ratio_min, st["ratio_min"])
+        if self.dist is not None:
+            from learner.distributed import all_reduce_grads, all_reduce_stats
+
+            all_reduce_grads(self.dist, self.params)  # sum over ranks = the single-rank gradient
+            agg, mx, mn = all_reduce_stats(self.dist, agg, {"ratio_max": ratio_max}, {"ratio_min": ratio_min},
+                                           self._collective_device())
+            ratio_max, ratio_min = mx["ratio_max"], mn["ratio_min"]
         max_norm = self.optim_cfg.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm > 0 else float("inf"))
         self.optimizer.step()
@@ -377,19 +321,36 @@ class Trainer:
         os.replace(tmp, path)
         return path
 
-    def load_checkpoint(self, path: str | os.PathLike) -> None:
-        """Restore what :meth:`save_checkpoint` wrote (same base model and LoRA config)."""
+    def state_dict(self) -> dict[str, Any]:
+        """LoRA weights, optimizer state and step on the CPU (what other ranks need to match this one)."""
+        def cpu(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return x.detach().cpu().clone()
+            if isinstance(x, dict):
+                return {k: cpu(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return type(x)(cpu(v) for v in x)
+            return x
+
+        return {"adapter": cpu(self._lora_state()), "optimizer": cpu(self.optimizer.state_dict()), "step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (or a checkpoint's) LoRA weights, optimizer state and step."""
         from peft import set_peft_model_state_dict
 
-        state = torch.load(Path(path), map_location="cpu", weights_only=False)
-        if state.get("format") != "echo-swarm-trainer/1":
-            raise ValueError(f"{path}: not an echo-swarm trainer checkpoint")
         result = set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in state["adapter"].items()})
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
-            raise ValueError(f"{path}: checkpoint adapter does not match this model: {unexpected[:3]}")
+            raise ValueError(f"adapter state does not match this model: {unexpected[:3]}")
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (same base model and LoRA config)."""
+        state = torch.load(Path(path), map_location="cpu", weights_only=False)
+        if state.get("format") != "echo-swarm-trainer/1":
+            raise ValueError(f"{path}: not an echo-swarm trainer checkpoint")
+        self.load_state_dict(state)
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
