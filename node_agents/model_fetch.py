@@ -1,0 +1,240 @@
+"""The node's base model: the run's model fetched through the swarm, or a local one checked.
+
+``prepare_model`` runs before the backend is loaded:
+
+1. ask the learner for the run's signed model manifest (``MODEL_MANIFEST``) and the peers
+   that hold the model, and verify the signature against the learner's peer id;
+2. without ``--model`` (the run's model): use the cached copy under
+   ``<cache>/models/<content sha256>/`` if complete, else fetch it there chunk by chunk from
+   the learner and the holders at once (``swarm.content.fetch``), resumable after a kill,
+   with a progress bar on stderr; with ``--model PATH|default``: hash the local model
+   (cached by path, size and mtime) and, when it is the run's, serve it to others; a
+   different model is left for the learner to refuse at hello;
+3. serve the chunks this node holds to other nodes (``MODEL_CHUNKS``) for the rest of the run,
+   and report itself as a holder (``MODEL_HAVE``);
+4. put the model into the backend's format once: llama.cpp gets the GGUF (re-quantised with
+   ``--quant`` and cached), or a GGUF converted from an HF directory (``node_agents.convert``);
+   torch and MLX get their converted copies through ``node_agents.models`` (cached).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from node_agents.model_cache import cache_root
+from swarm.content.fetch import FetchSettings, ModelFetcher
+from swarm.content.manifest import ManifestError, verify_model_manifest
+from swarm.content.model_id import describe, short
+from swarm.content.serve import ModelServer
+from swarm.content.store import ModelCopy
+from swarm.errors import SwarmError
+from swarm.proto import MODEL_HAVE, MODEL_MANIFEST
+from swarm.proto.model import ModelHave, ModelHaveAck, ModelManifest, ModelManifestReply, ModelManifestRequest
+from swarm.wire import WireError
+
+log = logging.getLogger("echo_swarm.node")
+
+#: ``--quant`` choices for llama.cpp nodes (``keep``: the GGUF as the learner serves it).
+QUANTS = ("keep", "f16", "q8_0", "q4_1")
+#: Deadline (s) of the manifest request and holder reports.
+CONTROL_TIMEOUT_S = 15.0
+
+
+class ModelError(Exception):
+    """The node cannot get a usable base model (the message says why)."""
+
+
+@dataclass
+class PreparedModel:
+    #: What to load: a GGUF file or an HF directory (the backend converts it further if needed).
+    path: Path
+    #: The model as held (before any re-quantisation): also given to the tokenizer helpers.
+    source: Path
+    content_sha256: str
+    name: str
+
+
+def models_root(cache_dir: Path | None = None) -> Path:
+    return cache_root(cache_dir) / "models"
+
+
+def is_run_model(model: str) -> bool:
+    """An empty ``--model`` (or ``run``) means: the run's model, fetched if needed."""
+    return str(model) in ("", "run")
+
+
+# ---------------------------------------------------------------------- progress output
+class ProgressBar:
+    """One status line on stderr: bytes, percent, rate and peers (redrawn on a terminal, a
+    line per 10% otherwise)."""
+
+    def __init__(self, name: str, stream=sys.stderr) -> None:
+        self.name = name
+        self.stream = stream
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        self._last = 0.0
+        self._last_decile = -1
+
+    def __call__(self, done: int, total: int, rate: float, peers: int) -> None:
+        now = time.monotonic()
+        pct = 100.0 * done / max(1, total)
+        line = (f"model {self.name}: {done / 1e6:.1f}/{total / 1e6:.1f} MB ({pct:.0f}%) "
+                f"{rate / 1e6:.1f} MB/s from {peers} peer(s)")
+        if self.tty:
+            if now - self._last >= 0.25 or done >= total:
+                self.stream.write("\r" + line + ("\n" if done >= total else ""))
+                self.stream.flush()
+                self._last = now
+        elif int(pct // 10) != self._last_decile:
+            self._last_decile = int(pct // 10)
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+
+# ---------------------------------------------------------------------- learner requests
+async def run_manifest(host, learner_peer: str) -> tuple[ModelManifest, list]:
+    reply = await host.request(learner_peer, MODEL_MANIFEST, ModelManifestRequest(), ModelManifestReply,
+                               timeout=CONTROL_TIMEOUT_S)
+    if reply.manifest is None:
+        raise ModelError(f"the learner serves no model manifest: {reply.reason or 'no reason given'}")
+    try:
+        verify_model_manifest(reply.manifest, learner_peer)
+    except ManifestError as e:
+        raise ModelError(f"the learner's model manifest does not verify: {e}") from e
+    return reply.manifest, reply.holders
+
+
+async def report_have(host, learner_peer: str, copy: ModelCopy, fetcher: ModelFetcher | None = None) -> None:
+    msg = ModelHave(copy.manifest.content_sha256, list(host.addrs), copy.count(), copy.complete,
+                    dict(fetcher.from_peers) if fetcher else {}, round(fetcher.fetch_s, 3) if fetcher else 0.0)
+    await host.request(learner_peer, MODEL_HAVE, msg, ModelHaveAck, timeout=CONTROL_TIMEOUT_S)
+
+
+# ---------------------------------------------------------------------- the whole step
+async def prepare_model(host, learner_peer: str, cfg, server: ModelServer | None = None,
+                        settings: FetchSettings | None = None) -> PreparedModel:
+    """The node's model, ready for ``cfg.backend`` (see the module docstring).
+    ``cfg``: a ``NodeConfig`` (``model``, ``backend``, ``quant``, ``cache_dir``)."""
+    cache_dir = getattr(cfg, "cache_dir", None) or None
+    server = server or ModelServer(host)
+    server.register()
+    manifest, holders = await run_manifest(host, learner_peer)
+    run_sha = manifest.content_sha256
+    if is_run_model(cfg.model):
+        copy = ModelCopy(manifest, models_root(cache_dir) / run_sha)
+        server.add(copy)
+        if copy.complete:
+            print(f"swarm-node: model {manifest.name} (sha256 {short(run_sha)}) is cached", file=sys.stderr, flush=True)
+            fetcher = None
+        else:
+            have = copy.count()
+            print(f"swarm-node: fetching model {manifest.name} (sha256 {short(run_sha)}, "
+                  f"{manifest.total_bytes / 1e6:.1f} MB{f', resuming with {have} chunks' if have else ''}) "
+                  f"from the learner and {len(holders)} holder(s)", file=sys.stderr, flush=True)
+
+            async def holder_refs():
+                return (await run_manifest(host, learner_peer))[1]
+
+            async def report(f: ModelFetcher):
+                await report_have(host, learner_peer, copy, f)
+
+            fetcher = ModelFetcher(host, copy, learner_peer, holder_refs, settings or FetchSettings(),
+                                   progress=ProgressBar(manifest.name), report=None)
+            fetcher.report = report
+            await fetcher.run()
+        path = await trio.to_thread.run_sync(copy.finish)
+        await _report(host, learner_peer, copy, fetcher)
+        source, sha, name = path, run_sha, manifest.name
+    else:
+        source = _local_source(cfg.model)
+        sha, _ = await trio.to_thread.run_sync(describe, source, cache_root(cache_dir))
+        name = "default" if str(cfg.model) == "default" else source.name
+        if sha == run_sha:
+            try:
+                copy = ModelCopy(manifest, source=source)
+            except FileNotFoundError as e:
+                raise ModelError(str(e)) from e
+            server.add(copy)
+            await _report(host, learner_peer, copy, None)
+        else:
+            log.warning("local model %s (sha256 %s) is not the run's %s (sha256 %s)", name, short(sha),
+                        manifest.name, short(run_sha))
+    path = await trio.to_thread.run_sync(lambda: for_backend(source, sha, cfg.backend, cfg.quant, cache_dir))
+    return PreparedModel(path, source, sha, name)
+
+
+async def _report(host, learner_peer: str, copy: ModelCopy, fetcher) -> None:
+    try:
+        await report_have(host, learner_peer, copy, fetcher)
+    except (SwarmError, WireError) as e:
+        log.info("could not report the model to the learner: %s", e)
+
+
+def _local_source(model: str) -> Path:
+    from node_agents.models import resolve_gguf
+
+    path = Path(str(model)).expanduser()
+    if str(model) != "default" and path.is_dir():
+        return path.resolve()
+    return resolve_gguf(model).resolve()
+
+
+# ---------------------------------------------------------------------- backend format
+def for_backend(source: Path, sha: str, backend: str, quant: str = "keep", cache_dir: Path | None = None) -> Path:
+    """What to hand the backend: llama.cpp gets a GGUF at ``quant`` (converted or re-quantised
+    once, cached under ``<cache>/models/<sha>/``); torch and MLX get ``source`` (their loaders
+    convert and cache it: ``node_agents.models.resolve_for_backend``)."""
+    if quant not in QUANTS:
+        raise ModelError(f"unknown --quant {quant!r}; choose one of {', '.join(QUANTS)}")
+    if backend != "llamacpp":
+        return source
+    out_dir = models_root(cache_dir) / sha
+    if source.is_dir():
+        try:
+            from node_agents.convert import hf_to_gguf
+        except ImportError as e:
+            raise ModelError(f"the run's model is an HF directory and this node runs llama.cpp, but the HF->GGUF "
+                             f"converter is not available ({e}); use --backend torch or mlx") from e
+        outtype = "f16" if quant in ("keep", "q4_1") else quant
+        gguf = out_dir / f"gguf-{outtype}.gguf"
+        if not gguf.is_file():
+            print(f"swarm-node: converting the model to GGUF ({outtype}) once ...", file=sys.stderr, flush=True)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            hf_to_gguf(source, gguf, outtype=outtype)
+        source = gguf
+        if quant != "q4_1":
+            return gguf
+    if quant == "keep":
+        return source
+    out = out_dir / f"gguf-{quant}-from-{short(sha)}.gguf"
+    if not out.is_file():
+        print(f"swarm-node: quantising the model to {quant} once ...", file=sys.stderr, flush=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        quantize_gguf(source, out, quant)
+    return out
+
+
+def quantize_gguf(src: Path, out: Path, quant: str, threads: int = 0) -> Path:
+    """llama.cpp's ``llama_model_quantize`` to ``quant`` (re-quantising a quantised GGUF),
+    written to a temporary name and renamed when done."""
+    import llama_cpp
+
+    ftypes = {"f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+              "q4_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1}
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftypes[quant]
+    params.allow_requantize = True
+    params.nthread = threads
+    tmp = out.with_name(out.name + ".tmp")
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+    if rc != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        raise ModelError(f"llama.cpp could not quantise {src.name} to {quant} (code {rc})")
+    tmp.rename(out)
+    return out
