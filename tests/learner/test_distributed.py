@@ -131,3 +131,63 @@ def test_the_comparison_fails_without_the_gradient_all_reduce(tiny_dir, tmp_path
     torchrun(2, *m, "--out", str(tmp_path / "noreduce"), "--skip-allreduce", cwd=tmp_path)
     one = adapter(tmp_path / "one" / "adapter_rank0.pt")
     assert max_diff(one, adapter(tmp_path / "noreduce" / "adapter_rank0.pt")) > 1e-3
+
+
+@pytest.mark.integration
+def test_launch_gpus_2_on_cpu_rank0_alone_runs_the_swarm_side(tmp_path):
+    """``swarm-learner launch --gpus 2`` on a CPU-only machine: torchrun starts 2 gloo ranks; only
+    rank 0 opens a libp2p host (one 'listening' line) and a real node trains the run through it
+    while rank 1 trains its shard of every step."""
+    import re
+    import threading
+
+    from learner.demo import node_command
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[train]\nsteps = 2\nprompts_per_step = 2\ngroup_size = 2\nmax_tokens = 8\nmicro_batch = 4\n'
+                   'checkpoint_every = 1\ndevice = "cpu"\ntorch_threads = 1\n[sync]\nlong_poll_s = 1.0\n'
+                   '[network]\nlisten = "/ip4/127.0.0.1/tcp/0"\n[dashboard]\nenabled = false\n')
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "learner.cli", "launch", "--config", str(cfg), "--run-dir", str(run_dir), "--gpus", "2"]
+    from learner.cli import build_parser
+
+    if hasattr(build_parser().parse_args(["launch", "--config", str(cfg)]), "data_dir"):  # learner key dir
+        cmd += ["--data-dir", str(tmp_path / "key")]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    learner = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    listening = threading.Event()
+
+    def read() -> None:
+        for line in learner.stdout:
+            lines.append(line)
+            if "listening on" in line:
+                listening.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    node = None
+    try:
+        assert listening.wait(240), "".join(lines)[-3000:]
+        line = next(x for x in lines if "listening on" in x)
+        toks = line.split("listening on", 1)[1].split()
+        addr = next(t for t in toks if t.startswith("/ip4/127.0.0.1/"))
+        if "/p2p/" not in addr:
+            addr += "/p2p/" + next(t for t in toks if not t.startswith("/"))
+        node_log = open(tmp_path / "node.log", "w")
+        node = subprocess.Popen(node_command(addr, tmp_path / "node", 1, "n0", "default") + ["--no-probe"],
+                                stdout=node_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        assert learner.wait(300) == 0, "".join(lines)[-4000:]
+    finally:
+        for p in (learner, node):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    reader.join(5)
+    out = "".join(lines)
+    assert sum("listening on" in x for x in lines) == 1, out[-3000:]
+    assert re.search(r"learner rank 1/2: following rank 0 \(no libp2p host\)", out), out[-3000:]
+    assert "learner rank 1/2: done after 2 steps" in out, out[-3000:]
+    assert "rank 0 of 2 (gloo)" in out
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+    assert len([x for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]) == 2
