@@ -1,0 +1,193 @@
+"""Fetching the base model over real libp2p hosts on 127.0.0.1 (in one process): several
+peers at once, a corrupt peer's chunk refetched elsewhere, a killed fetch resumed; the hello
+check; preparing a local model; re-quantisation for llama.cpp."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from learner.model_serve import hello_model_check, start_model_serve
+from node_agents.model_fetch import ModelError, for_backend, prepare_model, run_manifest
+from swarm.content.manifest import chunk_range
+from swarm.content.fetch import FetchSettings, ModelFetcher
+from swarm.content.model_id import content_sha256, short
+from swarm.content.serve import ModelServer
+from swarm.content.store import ModelCopy
+from swarm.host import open_host
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+CHUNK = 32 * 1024
+FAST = FetchSettings(batch=2, request_timeout_s=10, holder_refresh_s=0.2, empty_backoff_s=0.05, give_up_s=20)
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    f = tmp_path / "src" / "tiny.gguf"
+    f.parent.mkdir()
+    f.write_bytes(os.urandom(40 * CHUNK + 123))
+    return f
+
+
+class CorruptCopy(ModelCopy):
+    """Serves every chunk with one byte flipped."""
+
+    def read(self, i):
+        data = super().read(i)
+        return data if data is None else bytes([data[0] ^ 1]) + data[1:]
+
+
+async def holders_of(host, learner):
+    return (await run_manifest(host, learner))[1]
+
+
+def run_trio(fn, seconds=60):
+    async def bounded():
+        with trio.fail_after(seconds):
+            await fn()
+    trio.run(bounded)
+
+
+def test_fetch_from_learner_and_a_holder_with_a_corrupt_peer(tmp_path, model_file):
+    out = {}
+
+    async def main():
+        async with open_host(tmp_path / "L", listen_addr=LOOPBACK) as lh, \
+                open_host(tmp_path / "A", listen_addr=LOOPBACK) as ah, \
+                open_host(tmp_path / "B", listen_addr=LOOPBACK) as bh:
+            serve = await start_model_serve(lh, model_file, "tiny", chunk_bytes=CHUNK)
+            serve.server.max_reply_bytes = CHUNK  # one chunk per reply: A is asked before the learner is done
+            # peer A claims the model but corrupts what it sends; it is reported as a holder
+            a_server = ModelServer(ah)
+            a_server.register()
+            a_server.add(CorruptCopy(serve.manifest, source=model_file))
+            from swarm.proto.model import ModelHave
+            await serve.on_have(ModelHave(serve.content_sha256, ah.addrs, 40 + 1, True), ah.peer_id)
+            learner = await bh.connect(lh.addrs[0])
+            manifest, holders = await run_manifest(bh, learner)
+            assert [h.peer_id for h in holders] == [ah.peer_id]
+            copy = ModelCopy(manifest, tmp_path / "B-store" / manifest.content_sha256)
+            fetcher = ModelFetcher(bh, copy, learner, lambda: holders_of(bh, learner), FAST)
+            await fetcher.run()
+            out.update(path=copy.finish(), from_peers=fetcher.from_peers, bad=fetcher.bad_peers, a=ah.peer_id,
+                       learner=learner)
+
+    run_trio(main)
+    assert out["path"].read_bytes() == model_file.read_bytes()
+    assert out["a"] in out["bad"], "the corrupt peer was not caught"
+    assert out["from_peers"][out["learner"]] > 0
+
+
+def test_two_nodes_fetch_at_once_and_trade_chunks(tmp_path, model_file):
+    out = {}
+
+    async def main():
+        async with open_host(tmp_path / "L", listen_addr=LOOPBACK) as lh, \
+                open_host(tmp_path / "A", listen_addr=LOOPBACK) as ah, \
+                open_host(tmp_path / "B", listen_addr=LOOPBACK) as bh:
+            serve = await start_model_serve(lh, model_file, "tiny", chunk_bytes=CHUNK)
+            serve.server.max_reply_bytes = CHUNK  # one chunk per reply: the learner is the slow source
+            results = {}
+
+            async def node(h, name):
+                cfg = SimpleNamespace(model="", backend="torch", quant="keep", cache_dir=tmp_path / f"cache-{name}")
+                learner = await h.connect(lh.addrs[0])
+                prepared = await prepare_model(h, learner, cfg, settings=FAST)
+                results[name] = prepared
+
+            async with trio.open_nursery() as n:
+                n.start_soon(node, ah, "a")
+                n.start_soon(node, bh, "b")
+            out.update(results=results, summary=serve.summary())
+
+    run_trio(main)
+    for p in out["results"].values():
+        assert p.path.read_bytes() == model_file.read_bytes() and p.content_sha256 == content_sha256(model_file)
+    holders = out["summary"]["holders"]
+    assert len(holders) == 2 and all(h["complete"] for h in holders.values())
+    assert sum(h["chunks"] for h in holders.values()) == 2 * 41
+    # between them, the two nodes got some chunks from each other rather than from the learner
+    assert any(len(h["from_peers"]) >= 2 for h in holders.values()), holders
+
+
+def test_a_killed_fetch_resumes_without_refetching_finished_chunks(tmp_path, model_file):
+    out = {}
+
+    async def main():
+        async with open_host(tmp_path / "L", listen_addr=LOOPBACK) as lh, \
+                open_host(tmp_path / "B", listen_addr=LOOPBACK) as bh:
+            serve = await start_model_serve(lh, model_file, "tiny", chunk_bytes=CHUNK)
+            learner = await bh.connect(lh.addrs[0])
+            store = tmp_path / "B-store" / serve.content_sha256
+            first = ModelCopy(serve.manifest, store)
+            f1 = ModelFetcher(bh, first, learner, lambda: holders_of(bh, learner), FAST)
+            with trio.move_on_after(30) as scope:
+                f1.progress = lambda done, total, rate, peers: scope.cancel() if first.count() >= 10 else None
+                await f1.run()
+            out["held_after_kill"] = first.count()
+            again = ModelCopy(serve.manifest, store)  # a new process opens the same store
+            out["resumed_with"] = again.count()
+            out["left"] = sum(chunk_range(serve.manifest, i)[1] for i in again.missing())
+            f2 = ModelFetcher(bh, again, learner, lambda: holders_of(bh, learner), FAST)
+            await f2.run()
+            out.update(second=sum(f2.from_peers.values()), path=again.finish())
+
+    run_trio(main)
+    assert 10 <= out["held_after_kill"] < 41
+    assert out["resumed_with"] == out["held_after_kill"]
+    assert out["second"] == out["left"] < model_file.stat().st_size - 9 * CHUNK  # only what was missing
+    assert out["path"].read_bytes() == model_file.read_bytes()
+
+
+def test_local_model_is_checked_and_served_only_when_it_is_the_runs(tmp_path, model_file):
+    other = tmp_path / "other.gguf"
+    other.write_bytes(model_file.read_bytes()[:-1] + b"\x00")
+    out = {}
+
+    async def main():
+        async with open_host(tmp_path / "L", listen_addr=LOOPBACK) as lh, \
+                open_host(tmp_path / "B", listen_addr=LOOPBACK) as bh:
+            serve = await start_model_serve(lh, model_file, "tiny", chunk_bytes=CHUNK)
+            learner = await bh.connect(lh.addrs[0])
+            base = dict(backend="torch", quant="keep", cache_dir=tmp_path / "c")
+            out["same"] = await prepare_model(bh, learner, SimpleNamespace(model=str(model_file), **base))
+            out["holders_same"] = dict(serve.holders)
+            out["other"] = await prepare_model(bh, learner, SimpleNamespace(model=str(other), **base))
+
+    run_trio(main)
+    assert out["same"].path == model_file.resolve() and len(out["holders_same"]) == 1
+    assert out["other"].content_sha256 == content_sha256(other) != content_sha256(model_file)
+
+
+def test_hello_check_names_both_models():
+    assert hello_model_check("a" * 64, "x", "a" * 64, "run") == ""
+    assert hello_model_check("", "", "", "run") == ""  # no hash known to the learner: no check
+    why = hello_model_check("b" * 64, "mine.gguf", "a" * 64, "theirs.gguf")
+    assert "model mismatch" in why and "mine.gguf" in why and "theirs.gguf" in why
+    assert short("b" * 64) in why and short("a" * 64) in why
+    assert "did not say" in hello_model_check("", "", "a" * 64, "theirs")
+
+
+def test_quant_choice_is_checked(tmp_path, model_file):
+    assert for_backend(model_file, "s", "torch", "q8_0", tmp_path) == model_file  # torch converts itself
+    assert for_backend(model_file, "s", "llamacpp", "keep", tmp_path) == model_file
+    with pytest.raises(ModelError, match="--quant"):
+        for_backend(model_file, "s", "llamacpp", "q3_weird", tmp_path)
+
+
+def test_llamacpp_requantises_the_default_model_once(tmp_path):
+    import llama_cpp
+
+    from node_agents.models import default_gguf_path
+
+    src = default_gguf_path()
+    out = for_backend(src, "sha", "llamacpp", "q8_0", tmp_path)
+    assert out.is_file() and out.stat().st_size > src.stat().st_size  # q8_0 is bigger than q4_1
+    mtime = out.stat().st_mtime_ns
+    assert for_backend(src, "sha", "llamacpp", "q8_0", tmp_path) == out and out.stat().st_mtime_ns == mtime
+    llm = llama_cpp.Llama(str(out), n_ctx=64, verbose=False)  # llama.cpp loads it
+    assert llm.n_vocab() == 49152
+    llm.close()
