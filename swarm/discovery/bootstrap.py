@@ -61,11 +61,11 @@ async def ask_run_info(host, peer_id: str, timeout_s: float = BOOTSTRAP_TIMEOUT_
     return await host.request(peer_id, RUN_INFO, RunInfoRequest(), RunInfo, timeout=timeout_s)
 
 
-def serve_run_info(host, answer: Callable[[], RunInfo]) -> None:
-    """Answer ``run-info`` requests with ``answer()`` (called per request)."""
+def serve_run_info(host, answer: Callable[[str], RunInfo]) -> None:
+    """Answer ``run-info`` requests with ``answer(asking peer id)`` (called per request)."""
 
     async def handler(msg: RunInfoRequest, peer_id: str) -> RunInfo:
-        return answer()
+        return answer(peer_id)
 
     host.set_handler(RUN_INFO, RunInfoRequest, handler)
 

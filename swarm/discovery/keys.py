@@ -37,3 +37,11 @@ def run_key(name: str, role: str) -> str:
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; one of {ROLES}")
     return hashlib.sha256(f"echo-swarm/run/{check_run_name(name)}/{role}".encode()).hexdigest()
+
+
+def run_mismatch(asked: str, learner_run: str) -> str | None:
+    """Why a node that asked for run ``asked`` must not serve a learner of ``learner_run``
+    (None: it may). Empty names match anything (no ``--run``, or a learner without a name)."""
+    if asked and learner_run and asked != learner_run:
+        return f"this learner trains run {learner_run!r}, not {asked!r} (--run)"
+    return None

@@ -1,0 +1,75 @@
+"""A node's place in the swarm's DHT: find the learner, answer ``run-info``, announce itself.
+
+``swarm-node join`` builds one :class:`NodeDiscovery` on its host. The agent asks it for the
+learner (:meth:`connect`, on every (re)join) and tells it when a learner accepted the node
+(:meth:`joined`); from then on the node answers ``run-info`` about that run, so it can be
+another node's bootstrap, and provides the run's ``nodes`` key so nodes find each other.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from swarm.discovery.bootstrap import LearnerLocator, serve_run_info
+from swarm.discovery.dht import DiscoveryConfig, PeerRef, open_discovery
+from swarm.discovery.keys import run_key, run_mismatch
+from swarm.proto.discovery import RunInfo
+
+log = logging.getLogger("echo_swarm.node")
+
+
+class WrongRun(Exception):
+    """The learner belongs to another run than the one asked for (``--run``): fatal."""
+
+
+class NodeDiscovery:
+    def __init__(self, host, discovery, locator: LearnerLocator) -> None:
+        self.host = host
+        self.discovery = discovery
+        self.locator = locator
+        self.run_name = ""
+        self.learner = ""
+        serve_run_info(host, self.run_info)
+
+    async def connect(self) -> str:
+        """Connect to the learner (known address, else bootstrap + DHT); its peer id."""
+        peer, _addr = await self.locator.connect()
+        return peer
+
+    def check_ack(self, accepted: bool, run_name: str, reason: str) -> None:
+        """Raise :class:`WrongRun` when the learner's run is not the one asked for."""
+        why = run_mismatch(self.locator.run, run_name)
+        if why is not None:
+            raise WrongRun(f"wrong learner: {why}")
+
+    async def joined(self, learner_peer: str, run_name: str) -> None:
+        """A learner accepted us: answer ``run-info`` about its run from now on and provide
+        the run's ``nodes`` key."""
+        self.learner = learner_peer
+        if run_name and run_name != self.run_name:
+            self.run_name = run_name
+            if not self.locator.run:
+                self.locator.run = run_name
+            await self.discovery.provide(run_key(run_name, "nodes"))
+
+    def run_info(self, peer_id: str = "") -> RunInfo:
+        addrs = [self.locator.last_good] if self.learner and self.locator.last_good else []
+        return RunInfo(run_name=self.run_name, role="node", learner=self.learner, learner_addrs=addrs)
+
+    async def peers(self) -> list[PeerRef]:
+        """Other nodes of our run, from the DHT."""
+        if not self.run_name:
+            return []
+        return await self.discovery.find_providers(run_key(self.run_name, "nodes"))
+
+
+@asynccontextmanager
+async def node_discovery(host, *, learner: str, bootstrap: list[str], run: str,
+                         say: Callable[[str], None]) -> AsyncIterator[NodeDiscovery]:
+    """Run the node's DHT (server mode: a node listens and is dialled by its peers anyway)
+    for the duration of the block."""
+    async with open_discovery(host, DiscoveryConfig(mode="server")) as disc:
+        locator = LearnerLocator(host, disc, learner=learner, bootstrap=bootstrap, run=run, say=say)
+        yield NodeDiscovery(host, disc, locator)
