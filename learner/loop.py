@@ -176,7 +176,7 @@ async def run_learner(
 
             model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, cfg.model.name,
                                                   cache_root(cfg.model.cache_dir or None))
-            service.model_sha256 = model_serve.content_sha256
+            service.model_sha256, service.model_serve = model_serve.content_sha256, model_serve
             console(f"learner: base model {cfg.model.name} sha256 {model_serve.content_sha256[:12]}")
             from learner.web.server import start_learner_dashboard  # read-only web view (learner/web/)
 

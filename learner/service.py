@@ -75,6 +75,8 @@ class LearnerService:
     #: Content hash of the run's base model (``swarm.content.model_id``); a node whose hello
     #: names another is refused. Empty = no check.
     model_sha256: str = ""
+    #: The base-model server (``learner.model_serve.LearnerModelServe``): manifest, chunks, holders.
+    model_serve: Any = None
     #: Multi-turn runs: the episode settings every lease carries (``learner.episodes.EpisodeSettings``);
     #: None = single-turn leases.
     episode: Any = None

@@ -24,7 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--backend", default=d.backend, choices=["auto", "llamacpp", "torch", "mlx"],
                    help="generation backend; auto: torch on a CUDA GPU, mlx on Apple Silicon, else llamacpp")
     j.add_argument("--model", default=d.model,
-                   help="'default' (embedded SmolLM2-135M-Instruct), a .gguf path, or an HF directory (torch, mlx)")
+                   help="omit to use the run's model (fetched from the swarm once and cached); or 'default' "
+                        "(embedded SmolLM2-135M-Instruct), a .gguf path, or an HF directory, which must be the run's")
+    j.add_argument("--quant", default=d.quant, choices=["keep", "f16", "q8_0", "q4_1"],
+                   help="llama.cpp: quantisation of the loaded GGUF (made once and cached; keep = as served)")
     j.add_argument("--device", default=d.device, help="torch device (cuda, cuda:1, cpu); empty = auto")
     j.add_argument("--dtype", default=d.dtype, choices=["", "float32", "bfloat16", "float16"],
                    help="torch/mlx weight dtype; empty = bf16/fp16 on CUDA, fp32 on CPU and MLX")
@@ -51,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     from node_agents.config import NodeConfig
 
     cfg = NodeConfig(
-        learner=args.learner, backend=args.backend, model=args.model, device=args.device, dtype=args.dtype,
+        learner=args.learner, backend=args.backend, model=args.model, quant=args.quant, device=args.device,
+        dtype=args.dtype,
         data_dir=args.data_dir,
         listen=args.listen, threads=args.threads, max_groups=args.max_groups,
         max_retries=args.max_retries, probe=not args.no_probe, upload_mbps=args.upload_mbps,
@@ -66,39 +70,96 @@ def main(argv: list[str] | None = None) -> int:
 def join(cfg, name: str = "") -> int:
     import trio
 
-    from node_agents.agent import LearnerGone, NodeAgent
-    from node_agents.backends.registry import create_backend
+    from node_agents.agent import LearnerGone, ModelRefused, NodeAgent
     from node_agents.hardware import choose_backend, detect, installed_backends
-    from node_agents.probe import probe_throughput
+    from node_agents.model_fetch import ModelError
+    from swarm.content.fetch import FetchError
     from swarm.host import open_host
 
     try:
         hw = detect()
         cfg.backend = choose_backend(cfg.backend, hw.kind, installed_backends())
-        backend = create_backend(cfg.backend, cfg.model, cfg.threads, cfg.n_ctx,
-                                 device=cfg.device or None, dtype=cfg.dtype or None)
     except (FileNotFoundError, ValueError, ImportError) as e:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 2
-    if cfg.probe:
-        rate = probe_throughput(backend)
-        print(f"swarm-node: {hw.kind} machine, backend {cfg.backend}: probe {rate:.1f} tok/s", flush=True)
 
     async def _main() -> None:
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         async with open_host(cfg.data_dir, listen_addr=cfg.listen) as host:
-            agent = NodeAgent(cfg, backend, name or host.peer_id[-6:])
-            agent.say(f"peer {host.peer_id} backend {cfg.backend} ({backend.capabilities().device})")
-            await agent.run(host)
+            # The base model first (fetched from the swarm if needed), then the backend.
+            backend = await _load_backend(host, cfg, hw.kind)
+            try:
+                agent = NodeAgent(cfg, backend, name or host.peer_id[-6:])
+                agent.say(f"peer {host.peer_id} backend {cfg.backend} ({backend.capabilities().device})")
+                await agent.run(host)
+            finally:
+                backend.close()
 
     try:
-        trio.run(_main)
+        try:
+            trio.run(_main)
+        except BaseExceptionGroup as group:  # nurseries wrap what the agent raised
+            leaf = _single(group)
+            if leaf is None:
+                raise
+            raise leaf from None
+    except (FileNotFoundError, ValueError, ImportError, ModelError, FetchError) as e:
+        print(f"swarm-node: {e}", file=sys.stderr)
+        return 2
+    except ModelRefused as e:
+        print(f"swarm-node: {e}", file=sys.stderr)
+        return 3
     except LearnerGone as e:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 1
-    finally:
-        backend.close()
     return 0
+
+
+def _single(group: BaseExceptionGroup) -> BaseException | None:
+    """The one exception inside nested single-member groups (None if there are several)."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        if len(exc.exceptions) != 1:
+            return None
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def _load_backend(host, cfg, machine: str):
+    """Prepare the base model (``node_agents.model_fetch``: the run's, fetched and cached, or
+    the local one checked), then load and probe the backend in a worker thread."""
+    import trio
+
+    from node_agents.agent import LearnerGone, backoff_delay
+    from node_agents.backends.registry import create_backend
+    from node_agents.model_fetch import prepare_model
+    from node_agents.probe import probe_throughput
+    from swarm.errors import SwarmError
+    from swarm.wire import WireError
+
+    attempt = 0
+    while True:
+        try:
+            learner = await host.connect(cfg.learner)
+            prepared = await prepare_model(host, learner, cfg)
+            break
+        except (SwarmError, WireError) as e:
+            attempt += 1
+            if cfg.max_retries and attempt > cfg.max_retries:
+                raise LearnerGone(f"cannot get the run's model from the learner: {e}") from e
+            delay = backoff_delay(attempt - 1, cfg.backoff_initial_s, cfg.backoff_max_s)
+            print(f"swarm-node: learner unavailable for the model ({e}); retry {attempt} in {delay:.1f}s",
+                  file=sys.stderr, flush=True)
+            await trio.sleep(delay)
+    cfg.model_sha256 = prepared.content_sha256
+    if not cfg.model:
+        cfg.model = str(prepared.source)
+    backend = await trio.to_thread.run_sync(lambda: create_backend(
+        cfg.backend, str(prepared.path), cfg.threads, cfg.n_ctx, device=cfg.device or None, dtype=cfg.dtype or None))
+    if cfg.probe:
+        rate = await trio.to_thread.run_sync(probe_throughput, backend)
+        print(f"swarm-node: {machine} machine, backend {cfg.backend}: probe {rate:.1f} tok/s", flush=True)
+    return backend
 
 
 if __name__ == "__main__":

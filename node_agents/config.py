@@ -19,9 +19,15 @@ class NodeConfig:
     #: Generation backend: ``auto`` (torch on a CUDA GPU, ``mlx`` on Apple Silicon, else
     #: ``llamacpp``), ``llamacpp``, ``torch`` or ``mlx``.
     backend: str = "auto"
-    #: Base model: ``default``, a path to a GGUF file, or an HF directory (torch and mlx only);
-    #: each backend gets it in its own format, converted once and cached.
-    model: str = "default"
+    #: Base model: empty = the run's model (fetched from the swarm once, cached by content hash);
+    #: or ``default``, a path to a GGUF file, or an HF directory, checked against the run's at
+    #: hello. Each backend gets it in its own format, converted once and cached.
+    model: str = ""
+    #: llama.cpp nodes: quantisation of the GGUF they load (``keep``, ``f16``, ``q8_0``, ``q4_1``),
+    #: made once with llama.cpp's quantiser and cached.
+    quant: str = "keep"
+    #: Content hash of the model this node holds (``swarm.content.model_id``; set at join).
+    model_sha256: str = ""
     #: torch device (``cuda``, ``cuda:1``, ``cpu``); empty = CUDA when available, else CPU.
     device: str = ""
     #: Weight dtype of torch/mlx (``float32``, ``bfloat16``, ``float16``); empty = bf16 (fp16 if
