@@ -41,6 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--task", default=None, help="task name (arith, math, knights, sokoban); same as --set task.name=NAME")
     add_dashboard_arguments(de)
 
+    tk = sub.add_parser("token", help="mint a join token for an allowlist run (network.admission = allowlist)")
+    tk.add_argument("--key-dir", type=Path, required=True,
+                    help="the learner's key directory: <run dir>/identity (the join-token secret is created there)")
+    tk.add_argument("--peer", default="", help="bind the token to this peer id (default: any holder)")
+    tk.add_argument("--expires-in", type=float, default=24 * 3600.0, metavar="SECONDS",
+                    help="validity from now, seconds (default one day)")
+
     rp = sub.add_parser("report", help="write a static HTML report (with plots) of a finished run")
     rp.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="run directory (metrics.jsonl, swarm.json, ...)")
     rp.add_argument("--out", type=Path, default=None, help="output file (default RUN_DIR/report.html)")
@@ -92,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     from swarm.config import ConfigError, load_config
 
     try:
+        if args.command == "token":
+            import time
+
+            from learner.admission import load_or_create_secret, mint_token
+
+            if args.expires_in <= 0:
+                raise ConfigError("--expires-in must be > 0")
+            print(mint_token(load_or_create_secret(args.key_dir), time.time() + args.expires_in, args.peer))
+            return 0
         if args.command == "report":
             from learner.report import write_report
 

@@ -156,6 +156,8 @@ class Coordinator:
         self.rejections: Counter[str] = Counter()
         #: Group -> peers whose result for it was refused; it is not leased to them again.
         self.refused_by: dict[str, set[str]] = {}
+        #: Results thrown away after acceptance (their peer turned out untrusted), per reason.
+        self.discarded: Counter[str] = Counter()
         self._ids = itertools.count()
 
     # -- adding work ---------------------------------------------------------------------
@@ -268,6 +270,33 @@ class Coordinator:
         if lease is not None and lease.lease_id in self.leases and not lease.open_groups:
             del self.leases[lease.lease_id]
         return accepted, rejected
+
+    def refuse_push(self, peer_id: str, lease_id: str, group_ids: list[str], reason: str) -> dict[str, str]:
+        """Refuse a whole push unread (e.g. the peer is over its push rate): its open groups go
+        back to pending at once. Returns the per-group rejections for the ack."""
+        lease = self.leases.get(lease_id)
+        for gid in group_ids:
+            self._requeue_rejected(gid, lease, peer_id, reason)
+        if lease is not None and lease.peer_id == peer_id and not lease.open_groups:
+            self.leases.pop(lease_id, None)
+        return {gid: reason for gid in group_ids}
+
+    def revoke_peer(self, peer_id: str, reason: str) -> list[str]:
+        """``peer_id`` is untrusted: its leases are revoked and every result of its that is not
+        yet trained is thrown away (counted as dropped for ``reason``); all those groups are
+        pending again for other peers. Returns the re-issued group ids."""
+        back = self.release_peer(peer_id)
+        for gid, group in list(self.completed.items()):
+            if group.peer_id == peer_id and self.ledger.get(gid) == COMPLETED:
+                self.completed.pop(gid)
+                self.drop_counts[reason] += 1
+                self.discarded[reason] += 1
+                self.ledger[gid] = PENDING
+                self.queue.appendleft(gid)
+                back.append(gid)
+        for gid in back:
+            self.refused_by.setdefault(gid, set()).add(peer_id)
+        return back
 
     def _requeue_rejected(self, gid: str, lease: LeaseRecord | None, peer_id: str, reason: str) -> None:
         """A result refused on its merits: its group goes back to pending at once (front of

@@ -162,6 +162,9 @@ async def run_learner(
         long_poll_s=cfg.sync.long_poll_s,
         episode=episodes,
     )
+    from learner.admission import build_admission  # who may join, per-peer caps (learner/admission.py)
+
+    service.admission = build_admission(cfg.network, run_dir / "identity")
     metrics = MetricsWriter(run_dir, resume=resume, resume_step=state.step)
     host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s)
     async with open_host(run_dir / "identity", listen_addr=cfg.network.listen, config=host_cfg) as host:

@@ -80,6 +80,8 @@ class LearnerService:
     #: Multi-turn runs: the episode settings every lease carries (``learner.episodes.EpisodeSettings``);
     #: None = single-turn leases.
     episode: Any = None
+    #: Who may join and how much each peer may ask (``learner.admission.Admission``); None = anyone, no caps.
+    admission: Any = None
 
     def __post_init__(self) -> None:
         self._changed = trio.Event()
@@ -160,6 +162,14 @@ class LearnerService:
         return node
 
     async def on_hello(self, msg: Hello, peer_id: str) -> HelloAck:
+        if self.admission is not None:  # learner/admission.py: allowlist, join token, untrusted
+            import time
+
+            decision = self.admission.on_hello(peer_id, msg.join_token, time.time())
+            if not decision.accepted:
+                log.warning("refused node %s: %s", short(peer_id), decision.reason)
+                return HelloAck(accepted=False, run_id=self.run_id, model=self.model_name, current_version=0,
+                                reason=decision.reason, retry_after_s=decision.retry_after_s)
         from learner.model_serve import HELLO_MODEL_NAME_KEY, hello_model_check
 
         reason = hello_model_check(msg.model_sha256, msg.extra.get(HELLO_MODEL_NAME_KEY, ""),
@@ -196,6 +206,10 @@ class LearnerService:
                         self.told_done.add(peer_id)
                         self.notify()
                         return WorkReply(done=True, reason="done")
+                    capped = self.admission and self.admission.lease_refusal(
+                        peer_id, sum(le.peer_id == peer_id for le in self.coordinator.leases.values()))
+                    if capped:
+                        return WorkReply(retry_after_s=self.long_poll_s, reason=capped)
                     if not self._gate_closed():
                         record = self.coordinator.lease(peer_id, msg.max_groups, trio.current_time())
                         if record is not None:
@@ -223,6 +237,12 @@ class LearnerService:
 
     async def on_rollouts(self, msg: RolloutPush, peer_id: str) -> RolloutAck:
         node = self._node(peer_id)
+        refusal = self.admission and self.admission.push_refusal(peer_id, trio.current_time())
+        if refusal:
+            rejected = self.coordinator.refuse_push(peer_id, msg.lease_id, [g.group_id for g in msg.groups], refusal)
+            log.warning("refused a push of %d group(s) from %s: %s", len(rejected), short(peer_id), refusal)
+            self.notify()
+            return RolloutAck(accepted_groups=0, rejected_groups=len(rejected), rejections=rejected)
         accepted, rejected = self.coordinator.submit(peer_id, msg.lease_id, msg.groups, trio.current_time())
         by_id = {g.group_id: g for g in msg.groups}
         n_completions = sum(len(by_id[g].completions) for g in accepted)

@@ -45,6 +45,14 @@ class LearnerGone(Exception):
     """The learner cannot be reached or answered nonsense; reconnect."""
 
 
+class JoinRefused(LearnerGone):
+    """The learner refused this node at join (admission); it said when to try again."""
+
+    def __init__(self, reason: str, retry_after_s: float):
+        super().__init__(f"learner refused the join: {reason}")
+        self.retry_after_s = retry_after_s
+
+
 class ModelRefused(Exception):
     """The learner refused this node's base model (another model than the run's): fatal."""
 
@@ -106,6 +114,7 @@ class NodeAgent:
                 if self.cfg.max_retries and attempt > self.cfg.max_retries:
                     raise LearnerGone(f"learner unreachable after {attempt - 1} retries: {e}") from e
                 delay = backoff_delay(attempt - 1, self.cfg.backoff_initial_s, self.cfg.backoff_max_s)
+                delay = max(delay, getattr(e, "retry_after_s", 0.0))  # a refusal's hint (admission)
                 self.say(f"learner unavailable ({type(e).__name__}: {e}); retry {attempt} in {delay:.1f}s")
                 await trio.sleep(delay)
 
@@ -117,11 +126,12 @@ class NodeAgent:
             tokens_per_s=caps.tokens_per_s, extra={**caps.extra, "model": self.model_name},
             model_sha256=self.cfg.model_sha256,
         )
+        hello.join_token = self.cfg.join_token
         ack = await host.request(peer, HELLO, hello, HelloAck, timeout=self.cfg.request_timeout_s)
         if not ack.accepted and ack.model_sha256 and ack.model_sha256 != self.cfg.model_sha256:
             raise ModelRefused(f"learner refused the join: {ack.reason}")  # retrying cannot help
         if not ack.accepted:
-            raise LearnerGone(f"learner refused the join: {ack.reason}")
+            raise JoinRefused(ack.reason, ack.retry_after_s)
         if ack.run_id != self.run_id:
             self.run_id = ack.run_id
             self.adapter_key = None

@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--threads", type=int, default=d.threads, help="generation threads (0 = all cores)")
     j.add_argument("--max-groups", type=int, default=d.max_groups, help="most prompt groups per lease")
     j.add_argument("--max-retries", type=int, default=d.max_retries, help="give up after N failed reconnects (0 = never)")
+    j.add_argument("--token", default="", help="join token from the learner's operator (allowlist runs)")
     j.add_argument("--name", default="", help="name shown in status lines (default: the peer id's tail)")
     j.add_argument("--no-probe", action="store_true", help="skip the throughput probe at join")
     j.add_argument("-v", "--verbose", action="store_true")
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir,
         listen=args.listen, threads=args.threads, max_groups=args.max_groups,
         max_retries=args.max_retries, probe=not args.no_probe, upload_mbps=args.upload_mbps,
+        join_token=args.token,
     )
     try:
         return join(cfg, args.name)

@@ -42,6 +42,8 @@ class NodeConfig:
     upload_mbps: float = 0.0
     #: CPU threads for generation (0 = all cores).
     threads: int = 0
+    #: Join token from the learner's operator (``swarm-learner token``), for allowlist runs.
+    join_token: str = ""
     #: Most prompt groups asked for in one lease.
     max_groups: int = 1
     #: Seconds allowed for one request to the learner (long polls get this on top).

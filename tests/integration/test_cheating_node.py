@@ -23,6 +23,7 @@ CHEAT = Path(__file__).with_name("cheat_node.py")
 
 def config(*extra: str) -> LearnerConfig:
     return load_config(LearnerConfig, None, [
+        'network.listen="/ip4/127.0.0.1/tcp/0"',  # not the launch default 0.0.0.0:4001
         "train.steps=2", "train.prompts_per_step=2", "train.group_size=2", "train.max_tokens=12",
         "train.micro_batch=4", "train.checkpoint_every=0", "sync.long_poll_s=1.0",
         "sync.lease_timeout_s=600", "dissem.mode=direct", *extra])
@@ -75,3 +76,45 @@ def test_a_nodes_malformed_pushes_never_stall_a_step(tmp_path):
     assert cheat_peer not in trained_by, cheat_log
     assert coord.rejections["bad_logprob"] >= 1, cheat_log
     assert elapsed < 240, elapsed
+
+
+@pytest.mark.slow
+def test_allowlist_run_refuses_a_stranger_with_a_reason_and_admits_a_token_holder(tmp_path):
+    """``network.admission = allowlist``: a node without a token is refused at join (HelloAck
+    accepted=False with a reason and a retry hint it honours); a node holding a token minted with
+    the learner's secret joins and does all the work."""
+    import time
+
+    from learner.admission import load_or_create_secret, mint_token
+
+    token = mint_token(load_or_create_secret(tmp_path / "run" / "identity"), time.time() + 600)
+    cfg = config("network.admission=\"allowlist\"", "network.refused_retry_s=7.5")
+    procs: list[subprocess.Popen] = []
+    seen: dict = {}
+
+    async def main():
+        with trio.fail_after(600):
+            async with trio.open_nursery() as nursery:
+                addrs = await nursery.start(lambda task_status: run_learner(
+                    cfg, tmp_path / "run", console=lambda s: None,
+                    on_service=lambda s: seen.setdefault("svc", s), task_status=task_status))
+                procs.append(spawn(addrs[0], tmp_path, "stranger"))
+                cmd = node_command(addrs[0], tmp_path / "member", 1, "member", "default")
+                log = open(tmp_path / "member.log", "w")
+                procs.append(subprocess.Popen(cmd + ["--no-probe", "--token", token], stdout=log,
+                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+
+    try:
+        trio.run(main)
+    finally:
+        for p in procs[:1]:
+            p.terminate()
+        stop_processes(procs, 20)
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    svc = seen["svc"]
+    assert len(svc.nodes) == 1 and seen["svc"].coordinator.counts() == {"trained": 4}
+    stranger = (tmp_path / "stranger.log").read_text()
+    assert "learner refused the join: not on this run's allowlist and no join token" in stranger, stranger
+    assert "retry 1 in 7.5s" in stranger or "retry 1 in 7." in stranger, stranger
+    assert "joined learner" not in stranger

@@ -133,3 +133,26 @@ def test_version_of_new_leases_and_completed_filter():
     assert c.completed_ids(3) == ["g0"] and c.completed_ids(2) == []
     with pytest.raises(ValueError):
         c.add_groups([GroupSpec("g0", [1], "0")])
+
+
+def test_revoking_an_untrusted_peer_reissues_its_leases_and_untrained_results():
+    c = make(n_groups=4, per_lease=1)
+    la, lb, la2 = c.lease("A", 1, now=0.0), c.lease("B", 1, now=0.0), c.lease("A", 1, now=0.0)
+    c.submit("A", la.lease_id, [result(la.group_ids[0])], now=1.0)
+    c.submit("B", lb.lease_id, [result(lb.group_ids[0])], now=1.0)
+    back = c.revoke_peer("A", "unverified")
+    assert sorted(back) == sorted(la.group_ids + la2.group_ids)
+    assert all(c.ledger[g] == PENDING for g in back) and c.ledger[lb.group_ids[0]] == COMPLETED
+    assert c.take_drop_counts() == {"unverified": 1} and c.discarded["unverified"] == 1
+    assert c.completed_ids() == lb.group_ids
+    # A's groups go to others, never back to A
+    assert c.lease("A", 1, now=2.0).group_ids == ["g3"]
+    assert c.lease("C", 1, now=2.0).group_ids[0] in back
+
+
+def test_a_refused_push_puts_its_groups_back_at_once():
+    c = make()
+    lease = c.lease("A", 2, now=0.0)
+    rej = c.refuse_push("A", lease.lease_id, lease.group_ids, "push rate cap")
+    assert set(rej) == set(lease.group_ids)
+    assert all(c.ledger[g] == PENDING for g in lease.group_ids)
