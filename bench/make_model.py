@@ -20,7 +20,9 @@ trained (``tokenizers``) on generated text, with the family's own pre-tokenizer 
 Llama-3 ``<|begin_of_text|>``, header and ``<|eot_id|>`` tokens) and a chat template that
 renders the family's chat format (Qwen3's honours ``enable_thinking``). For ``0.5b``/``1.5b``
 ``vocab_size`` is the family's real one (so the embedding and LM head cost what they really
-cost); ids past the trained tokenizer are padding rows.
+cost); ids past the trained tokenizer are padding rows, which a random model samples often:
+those sizes are for learner and throughput measurements, not for swarm runs (the learner
+rejects rollouts with ids outside the tokenizer). ``tiny`` has exactly the tokenizer's vocabulary.
 """
 
 from __future__ import annotations
@@ -178,7 +180,9 @@ def model_config(family: str, size: str, tokenizer):
         raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
     shape = dict(SHAPES[family][size])
     if shape["vocab_size"] is None:
-        shape["vocab_size"] = -(-len(tokenizer) // 64) * 64  # padded like released vocabularies
+        # exactly the tokenizer: a random model gives padding rows real probability, and a node
+        # sampling an id the tokenizer does not have is (rightly) rejected by the learner
+        shape["vocab_size"] = len(tokenizer)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _TOKENS[family][0]}
     if family == "llama3":
         eos = [ids["<|end_of_text|>"], ids["<|eom_id|>"], ids["<|eot_id|>"]]

@@ -63,7 +63,10 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
     node_threads = max(1, cores // n_nodes)
     if cfg.train.torch_threads == 0:
         cfg.train.torch_threads = cores
-    node_model = cfg.model.name if cfg.model.name == "default" or cfg.model.name.endswith(".gguf") else "default"
+    # every node gets the learner's model in its own backend's format (an HF directory is
+    # converted to GGUF / mlx-lm by the node, once); anything else falls back to the default
+    name = cfg.model.name
+    node_model = name if name == "default" or name.endswith(".gguf") or Path(name).is_dir() else "default"
     procs: list[subprocess.Popen] = []
     logs = []
     services: list = []

@@ -97,10 +97,27 @@ class Task(Protocol):
         """A reward in [0, 1] for ``completion_text`` (the decoded completion only)."""
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+#: Task setting for chat templates with a thinking mode (Qwen3's ``enable_thinking``): off, so an
+#: answer starts right after an empty thinking block instead of a long reasoning trace that
+#: the tasks' completion budgets would cut. Templates without the switch are not affected.
+ENABLE_THINKING = False
+
+
+def template_kwargs(tokenizer: Any, enable_thinking: bool = ENABLE_THINKING) -> dict[str, Any]:
+    """Extra ``apply_chat_template`` arguments for ``tokenizer``'s own template:
+    ``{"enable_thinking": ...}`` when the template reads that variable, else nothing."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str) and "enable_thinking" in template:
+        return {"enable_thinking": bool(enable_thinking)}
+    return {}
+
+
+def render_prompt(tokenizer: Any, messages: Sequence[dict[str, str]], enable_thinking: bool = ENABLE_THINKING) -> list[int]:
     """Token ids of ``messages`` rendered with the tokenizer's chat template, ending with the
-    generation prompt of the assistant turn (``add_generation_prompt=True``)."""
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    generation prompt of the assistant turn (``add_generation_prompt=True``); thinking
+    templates get ``enable_thinking`` (:func:`template_kwargs`)."""
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
+                                         **template_kwargs(tokenizer, enable_thinking))
     # The template already contains any BOS/special tokens it wants; do not add more.
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return [int(t) for t in ids]

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
 
-from tasks.base import Problem, Split
+from tasks.base import Problem, Split, template_kwargs
 
 Role = Literal["system", "user", "assistant"]
 SegmentKind = Literal["prompt", "model", "env"]
@@ -109,7 +109,8 @@ def _messages(turns: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
 def chat_prompt(tokenizer: Any, turns: Sequence[tuple[str, str]]) -> list[int]:
     """Token ids of ``turns`` ((role, text) pairs) rendered with the tokenizer's chat template,
     ending with the generation prompt of the next assistant turn."""
-    text = tokenizer.apply_chat_template(_messages(turns), tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(_messages(turns), tokenize=False, add_generation_prompt=True,
+                                         **template_kwargs(tokenizer))
     return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
@@ -122,7 +123,7 @@ def env_turn_ids(tokenizer: Any, observation: str, model_stop_text: str = "") ->
     the model already produced is not repeated.
     """
     msgs = _messages([("system", "s"), ("user", "u"), ("assistant", _SENTINEL), ("user", observation)])
-    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **template_kwargs(tokenizer))
     if text.count(_SENTINEL) != 1:
         raise ValueError("the chat template does not keep assistant content verbatim")
     after = text.split(_SENTINEL, 1)[1]
