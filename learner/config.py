@@ -139,8 +139,15 @@ class SyncConfig:
 
 @dataclass
 class NetworkConfig:
-    #: Multiaddr the learner listens on.
-    listen: str = "/ip4/127.0.0.1/tcp/0"
+    #: Multiaddr the learner listens on (``--listen``): all interfaces, port 4001 by default.
+    #: Advertised as the interface addresses, never as 0.0.0.0 (``swarm/addrs.py``).
+    listen: str = "/ip4/0.0.0.0/tcp/4001"
+    #: Extra multiaddrs to advertise (``--announce``): a public address or a port mapping,
+    #: e.g. ``/ip4/203.0.113.7/tcp/4001`` or ``/dns4/learner.example.org/tcp/4001``.
+    announce: list[str] = field(default_factory=list)
+    #: Members of an existing swarm (nodes) to join the DHT through at start (``--bootstrap``);
+    #: empty = this learner is the swarm's first member. Unreachable ones are skipped.
+    bootstrap: list[str] = field(default_factory=list)
     #: Largest frame accepted from a peer, bytes.
     max_frame_bytes: int = 64 * 1024 * 1024
     #: Seconds allowed for one request/response with a peer.
@@ -169,6 +176,17 @@ class LearnerConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     dissem: DissemConfig = field(default_factory=lambda: DissemConfig())
     dashboard: DashboardConfig = field(default_factory=lambda: DashboardConfig())
+    run: RunConfig = field(default_factory=lambda: RunConfig())
+
+
+@dataclass
+class RunConfig:
+    """The run's identity in the swarm."""
+
+    #: Run name (``--run``): told to nodes in the hello ack and announced in the DHT, where
+    #: ``swarm-node join --run NAME`` looks it up. Empty = ``<task>-<model>-<hash of the
+    #: config>`` (``learner/identity.py``): the same config gives the same name.
+    name: str = ""
 
 
 @dataclass

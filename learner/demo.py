@@ -21,6 +21,8 @@ from learner.metrics import first_reaching, rolling_mean
 NODE_EXIT_GRACE_S = 10.0
 #: Rolling mean reward whose first crossing the summary reports.
 TARGET_REWARD = 0.8
+#: The demo's learner and nodes listen on loopback only, on free ports.
+LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
 
 
 def node_command(learner_addr: str, data_dir: Path, threads: int, name: str, model: str,
@@ -29,7 +31,7 @@ def node_command(learner_addr: str, data_dir: Path, threads: int, name: str, mod
     return [
         sys.executable, "-m", "node_agents.cli", "join", "--learner", learner_addr,
         "--data-dir", str(data_dir), "--threads", str(threads), "--name", name,
-        "--model", model, "--max-retries", "8",
+        "--model", model, "--max-retries", "8", "--listen", LOOPBACK_LISTEN,
     ] + (["--backend", backend] if backend else [])
 
 
@@ -53,6 +55,10 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
     then holds back the first lease until all of them wait for work, so each one contributes."""
     from learner.loop import run_learner
 
+    from learner.config import NetworkConfig
+
+    if cfg.network.listen == NetworkConfig().listen:  # a demo stays on this machine
+        cfg.network.listen = LOOPBACK_LISTEN
     if backends:
         n_nodes = len(backends)
     if n_nodes < 1:

@@ -117,10 +117,13 @@ async def run_learner(
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> list[dict]:
     """Run the whole training job; ``task_status.started(addrs)`` once nodes can join.
-    ``on_service`` receives the live service (tests and tools watch its coordinator)."""
+    ``on_service`` receives the live service (tests and tools watch its coordinator).
+    ``data_dir`` keeps the learner's key (same peer id every launch; ``swarm-learner launch``
+    passes ``--data-dir``); None = ``run_dir/identity`` (one identity per run dir)."""
     from learner.checkpoint import load_open_problems, load_state, open_problem_refs, reissue_specs, run_identity, save_state
     from learner.models import resolve_model
     from swarm.host import HostConfig, open_host
+    data_dir: Path | None = None,
     from learner.episodes import episode_settings, make_verifier, run_task
 
     run_dir = Path(run_dir)
@@ -130,6 +133,10 @@ async def run_learner(
     resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, cfg.model.cache_dir or None)
     trainer = await trio.to_thread.run_sync(build_trainer, resolved, cfg)
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, resolved.hf_dir)
+    from learner.identity import announce_run, join_swarm, run_name
+    from swarm.discovery.dht import open_discovery
+
+    name = run_name(cfg)
     task = run_task(cfg.task)
     episodes = episode_settings(cfg, task)  # None: single-turn run
     state = LoopState()
@@ -167,7 +174,10 @@ async def run_learner(
     service.admission = build_admission(cfg.network, run_dir / "identity")
     metrics = MetricsWriter(run_dir, resume=resume, resume_step=state.step)
     host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s)
-    async with open_host(run_dir / "identity", listen_addr=cfg.network.listen, config=host_cfg) as host:
+    service.run_name = name
+    identity_dir = Path(data_dir) if data_dir is not None else run_dir / "identity"
+    async with open_host(identity_dir, listen_addr=cfg.network.listen, config=host_cfg,
+                         announce=cfg.network.announce) as host, open_discovery(host) as discovery:
         service.register(host)
         if on_service is not None:
             on_service(service)
@@ -185,8 +195,11 @@ async def run_learner(
 
             await start_learner_dashboard(nursery, cfg, service, metrics, state, run_dir, console)
             service.publish(adapter_reply(trainer.export_adapter(state.version)))
-            console(f"learner: listening on {host.addrs[0]}")
-            console(f"learner: join with `swarm-node join --learner {host.addrs[0]}`")
+            await join_swarm(host, discovery, cfg.network.bootstrap, console)
+            await announce_run(host, discovery, name)
+            console(f"learner: listening on {host.peer_id} {' '.join(host.addrs)}")
+            console(f"learner: run {name}; join with `swarm-node join --bootstrap {host.addrs[0]}` "
+                    "(any member's address works)")
             task_status.started(list(host.addrs))
             t_start = time.perf_counter() - state.wall_s
             ctx = StepContext(cfg, state, coord, service, trainer, task, tokenizer, console)

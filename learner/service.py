@@ -82,6 +82,9 @@ class LearnerService:
     episode: Any = None
     #: Who may join and how much each peer may ask (``learner.admission.Admission``); None = anyone, no caps.
     admission: Any = None
+    #: The run's name (``learner.identity.run_name``): in every hello ack; a node that asked
+    #: for another run (``--run``) is refused. Empty = no check.
+    run_name: str = ""
 
     def __post_init__(self) -> None:
         self._changed = trio.Event()
@@ -90,7 +93,7 @@ class LearnerService:
 
     # -- wiring ----------------------------------------------------------------------------
     def register(self, host) -> None:
-        host.set_handler(HELLO, Hello, self.on_hello)
+        host.set_handler(HELLO, Hello, self.on_hello_named)
         host.set_handler(WORK, WorkRequest, self.on_work)
         host.set_handler(ROLLOUTS, RolloutPush, self.on_rollouts)
         host.set_handler(ADAPTER, AdapterRequest, self.on_adapter)
@@ -160,6 +163,20 @@ class LearnerService:
             raise Refused("say hello first")
         node.last_seen = trio.current_time()
         return node
+
+    async def on_hello_named(self, msg: Hello, peer_id: str) -> HelloAck:
+        """:meth:`on_hello` behind the run-name check (a node that asked for another run is
+        refused); every ack carries the run's name."""
+        from swarm.discovery.keys import run_mismatch
+
+        why = run_mismatch(msg.run_name, self.run_name)
+        if why:
+            log.warning("refused node %s: %s", short(peer_id), why)
+            ack = HelloAck(accepted=False, run_id=self.run_id, model=self.model_name, current_version=0, reason=why)
+        else:
+            ack = await self.on_hello(msg, peer_id)
+        ack.run_name = self.run_name
+        return ack
 
     async def on_hello(self, msg: Hello, peer_id: str) -> HelloAck:
         if self.admission is not None:  # learner/admission.py: allowlist, join token, untrusted

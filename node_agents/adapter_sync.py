@@ -74,10 +74,10 @@ class AdapterSync:
         log.info("dissem: joined (mode %s, current v%d)", ack.mode, ack.current_version)
 
     async def _register(self) -> DissemJoinAck | None:
+        addrs = self.host.advertised_addrs(self.learner_peer)  # dialable ones, never 0.0.0.0
         try:
-            return await self.host.request(self.learner_peer, DISSEM_JOIN,
-                                           DissemJoin(self.host.addrs, self.upload_bps), DissemJoinAck,
-                                           timeout=CONTROL_TIMEOUT_S)
+            return await self.host.request(self.learner_peer, DISSEM_JOIN, DissemJoin(addrs, self.upload_bps),
+                                           DissemJoinAck, timeout=CONTROL_TIMEOUT_S)
         except (SwarmError, WireError) as e:
             log.warning("dissem registration failed: %s", e)
             return None

@@ -71,6 +71,9 @@ class NodeAgent:
         self.leases_done = 0
         #: Multi-turn leases: tokenizer and task, built at the first such lease.
         self.episodes = EpisodeRunner(cfg.model)
+        #: DHT membership and learner lookup (``node_agents.discovery.NodeDiscovery``); None: dial
+        #: ``cfg.learner`` directly.
+        self.net = None
         #: How the installed adapter arrived, for the per-lease status line (e.g. ``pushed 0.4s``).
         self.adapter_note = ""
         #: Name of the base model, told to the learner (it appears in a refusal message).
@@ -119,15 +122,18 @@ class NodeAgent:
                 await trio.sleep(delay)
 
     async def _join(self, host) -> str:
-        peer = await host.connect(self.cfg.learner)
+        peer = await (self.net.connect() if self.net is not None else host.connect(self.cfg.learner))
         caps = self.backend.capabilities()
         hello = Hello(
             backend=caps.backend, device=caps.device, memory_bytes=caps.memory_bytes,
             tokens_per_s=caps.tokens_per_s, extra={**caps.extra, "model": self.model_name},
             model_sha256=self.cfg.model_sha256,
         )
+        hello.run_name, hello.addrs = self.cfg.run, host.advertised_addrs(peer)
         hello.join_token = self.cfg.join_token
         ack = await host.request(peer, HELLO, hello, HelloAck, timeout=self.cfg.request_timeout_s)
+        if self.net is not None:
+            self.net.check_ack(ack.accepted, ack.run_name, ack.reason)  # another run: WrongRun (fatal)
         if not ack.accepted and ack.model_sha256 and ack.model_sha256 != self.cfg.model_sha256:
             raise ModelRefused(f"learner refused the join: {ack.reason}")  # retrying cannot help
         if not ack.accepted:
@@ -136,6 +142,8 @@ class NodeAgent:
             self.run_id = ack.run_id
             self.adapter_key = None
         self.say(f"joined learner {peer[-6:]} (run {ack.run_id}, model {ack.model}, v{ack.current_version})")
+        if self.net is not None:
+            await self.net.joined(peer, ack.run_name)
         return peer
 
     async def _work_loop(self, host, peer: str) -> bool:

@@ -20,7 +20,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="swarm-node", description="Generate rollouts for an echo-swarm learner.")
     sub = p.add_subparsers(dest="command", required=True)
     j = sub.add_parser("join", help="connect to a learner and serve its work leases until the run ends")
-    j.add_argument("--learner", required=True, help="learner multiaddr, e.g. /ip4/1.2.3.4/tcp/4001/p2p/12D3Koo...")
+    j.add_argument("--learner", default="", help="learner multiaddr, e.g. /ip4/1.2.3.4/tcp/4001/p2p/12D3Koo... "
+                   "(or give --bootstrap)")
+    j.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
+                   help="any member of the swarm (learner or node), ending in /p2p/<id>; the learner is found "
+                        "through the swarm's DHT. Repeatable: the first live one is used")
+    j.add_argument("--run", default="", metavar="NAME",
+                   help="the run to join (refuse a learner of another run); default: the bootstrap peer's run")
+    j.add_argument("--announce", action="append", default=[], metavar="MULTIADDR",
+                   help="also advertise this address (a public address or port mapping), e.g. "
+                        "/ip4/203.0.113.7/tcp/4002 (repeatable)")
     j.add_argument("--backend", default=d.backend, choices=["auto", "llamacpp", "torch", "mlx"],
                    help="generation backend; auto: torch on a CUDA GPU, mlx on Apple Silicon, else llamacpp")
     j.add_argument("--model", default=d.model,
@@ -62,6 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         max_retries=args.max_retries, probe=not args.no_probe, upload_mbps=args.upload_mbps,
         join_token=args.token,
     )
+    cfg.bootstrap, cfg.run, cfg.announce = args.bootstrap, args.run, args.announce
+    problem = check_join_args(cfg)
+    if problem:
+        print(f"swarm-node: {problem}", file=sys.stderr)
+        return 2
+    if not args.verbose:  # py-libp2p logs every failed DHT dial as a warning
+        logging.getLogger("libp2p").setLevel(logging.ERROR)
     try:
         return join(cfg, args.name)
     except KeyboardInterrupt:
@@ -73,6 +89,7 @@ def join(cfg, name: str = "") -> int:
     import trio
 
     from node_agents.agent import LearnerGone, ModelRefused, NodeAgent
+    from node_agents.discovery import WrongRun, node_discovery
     from node_agents.hardware import choose_backend, detect, installed_backends
     from node_agents.model_fetch import ModelError
     from swarm.content.fetch import FetchError
@@ -87,11 +104,15 @@ def join(cfg, name: str = "") -> int:
 
     async def _main() -> None:
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        async with open_host(cfg.data_dir, listen_addr=cfg.listen) as host:
+        async with open_host(cfg.data_dir, listen_addr=cfg.listen, announce=cfg.announce) as host, \
+                node_discovery(host, learner=cfg.learner, bootstrap=cfg.bootstrap, run=cfg.run,
+                               say=lambda text: print(f"swarm-node: {text}", flush=True)) as net:
+            print(f"swarm-node: listening on {host.peer_id} {' '.join(host.addrs)}", flush=True)
             # The base model first (fetched from the swarm if needed), then the backend.
-            backend = await _load_backend(host, cfg, hw.kind)
+            backend = await _load_backend(host, cfg, hw.kind, net)
             try:
                 agent = NodeAgent(cfg, backend, name or host.peer_id[-6:])
+                agent.net = net
                 agent.say(f"peer {host.peer_id} backend {cfg.backend} ({backend.capabilities().device})")
                 await agent.run(host)
             finally:
@@ -106,6 +127,9 @@ def join(cfg, name: str = "") -> int:
                 raise
             raise leaf from None
     except (FileNotFoundError, ValueError, ImportError, ModelError, FetchError) as e:
+        print(f"swarm-node: {e}", file=sys.stderr)
+        return 2
+    except WrongRun as e:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 2
     except ModelRefused as e:
@@ -127,7 +151,7 @@ def _single(group: BaseExceptionGroup) -> BaseException | None:
     return exc
 
 
-async def _load_backend(host, cfg, machine: str):
+async def _load_backend(host, cfg, machine: str, net=None):
     """Prepare the base model (``node_agents.model_fetch``: the run's, fetched and cached, or
     the local one checked), then load and probe the backend in a worker thread."""
     import trio
@@ -142,7 +166,7 @@ async def _load_backend(host, cfg, machine: str):
     attempt = 0
     while True:
         try:
-            learner = await host.connect(cfg.learner)
+            learner = await (net.connect() if net is not None else host.connect(cfg.learner))
             prepared = await prepare_model(host, learner, cfg)
             break
         except (SwarmError, WireError) as e:
@@ -162,6 +186,26 @@ async def _load_backend(host, cfg, machine: str):
         rate = await trio.to_thread.run_sync(probe_throughput, backend)
         print(f"swarm-node: {machine} machine, backend {cfg.backend}: probe {rate:.1f} tok/s", flush=True)
     return backend
+
+
+def check_join_args(cfg) -> str | None:
+    """What is wrong with the join's addresses and run name (None: nothing)."""
+    from swarm.addrs import check_announce, split_peer_id
+    from swarm.discovery.keys import check_run_name
+
+    if not cfg.learner and not cfg.bootstrap:
+        return "give --learner MULTIADDR or --bootstrap MULTIADDR (any member of the swarm)"
+    for addr in ([cfg.learner] if cfg.learner else []) + cfg.bootstrap:
+        if not split_peer_id(addr)[1]:
+            return f"{addr!r} must end in /p2p/<peer id>"
+    try:
+        if cfg.run:
+            check_run_name(cfg.run)
+        for addr in cfg.announce:
+            check_announce(addr)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -14,8 +14,9 @@ def default_data_dir() -> Path:
 
 @dataclass
 class NodeConfig:
-    #: Full multiaddr of the learner, including ``/p2p/<peer id>``.
-    learner: str
+    #: Full multiaddr of the learner, including ``/p2p/<peer id>``; empty = find it through
+    #: ``bootstrap`` and the swarm's DHT.
+    learner: str = ""
     #: Generation backend: ``auto`` (torch on a CUDA GPU, ``mlx`` on Apple Silicon, else
     #: ``llamacpp``), ``llamacpp``, ``torch`` or ``mlx``.
     backend: str = "auto"
@@ -35,8 +36,17 @@ class NodeConfig:
     dtype: str = ""
     #: Identity key and scratch files live here (same peer id across restarts).
     data_dir: Path = default_data_dir()
-    #: Multiaddr the node listens on (other nodes dial it to relay adapter chunks).
-    listen: str = "/ip4/127.0.0.1/tcp/0"
+    #: Multiaddr the node listens on (other nodes dial it to relay adapter chunks); all
+    #: interfaces by default, advertised as the interface addresses (never 0.0.0.0).
+    listen: str = "/ip4/0.0.0.0/tcp/0"
+    #: Multiaddrs of any swarm members (learner or nodes) to join the DHT through; the first
+    #: live one is used and the run's learner is looked up in the DHT.
+    bootstrap: list[str] = field(default_factory=list)
+    #: Run to join (``--run``); a learner of another run is refused. Empty = the bootstrap
+    #: peer's run (or whatever run ``learner`` trains).
+    run: str = ""
+    #: Extra multiaddrs to advertise (a public address or port mapping), e.g. ``/ip4/203.0.113.7/tcp/4002``.
+    announce: list[str] = field(default_factory=list)
     #: Upload bandwidth in Mbit/s told to the learner (faster nodes sit nearer the broadcast
     #: tree's root); 0 = unknown.
     upload_mbps: float = 0.0

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.integration
 
 def test_one_multi_turn_sokoban_step_through_a_real_node(tmp_path):
     cfg = load_config(LearnerConfig, None, [
+        'network.listen="/ip4/127.0.0.1/tcp/0"',  # not the launch default 0.0.0.0:4001
         'task.name="sokoban"', "task.multi_turn=true", "task.max_turns=2",
         "train.steps=1", "train.prompts_per_step=1", "train.group_size=2", "train.max_tokens=8",
         "train.micro_batch=2", "train.checkpoint_every=0", "sync.long_poll_s=1.0", 'dissem.mode="direct"',

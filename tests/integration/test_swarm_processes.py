@@ -25,6 +25,7 @@ def small_config(**sync) -> LearnerConfig:
     overrides = [
         "train.steps=2", "train.prompts_per_step=2", "train.group_size=2", "train.max_tokens=12",
         "train.micro_batch=4", "train.checkpoint_every=0", "sync.long_poll_s=1.0",
+        'network.listen="/ip4/127.0.0.1/tcp/0"',  # not the launch default 0.0.0.0:4001
     ] + [f"sync.{k}={v}" for k, v in sync.items()]
     return load_config(LearnerConfig, None, overrides)
 
