@@ -1,0 +1,145 @@
+"""The head of a pipeline: drives one GRPO group through a route of stages.
+
+The head renders nothing and samples nothing: it sends the prompt's token ids to the first
+stage, passes each stage's hidden-state blob (unread) to the next, and receives the sampled
+tokens and behaviour log-probs from the last. It applies the same stopping rule as the
+backends (:func:`node_agents.backends.sampling.record_step`: an end-of-generation token is
+kept and ends a completion; ``max_tokens`` and ``n_ctx`` cap it) and tells every stage
+which rows to keep when completions finish. The result is a list of
+:class:`~node_agents.backends.base.SampledCompletion`, as from a single-node backend.
+
+A link is anything with ``start``, ``end`` and ``async forward(StageForward) ->
+StageResult``; over the network that is a :class:`swarm.pipeline.client.StageLink`
+(:func:`generate_over_route` opens them).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from node_agents.backends.base import SampledCompletion, SamplingParams
+from node_agents.backends.sampling import chunk_state, record_step
+from swarm.pipeline.client import LinkConfig, StageError, open_stage_link
+from swarm.pipeline.layers import check_route
+from swarm.pipeline.proto import StageForward, StageOpen, StageResult
+
+
+@dataclass
+class RouteStage:
+    """One hop of a route: the stage's peer id and the layer range the head expects there."""
+
+    peer_id: str
+    start: int
+    end: int
+
+
+@dataclass
+class HeadStats:
+    steps: int = 0
+    tokens: int = 0
+    wall_s: float = 0.0
+    #: Per stage: compute seconds reported by the stage.
+    busy_s: list[float] = field(default_factory=list)
+    #: Per link: bytes sent to / received from the stage.
+    bytes_out: list[int] = field(default_factory=list)
+    bytes_in: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Hop:
+    link: Any
+    start: int
+    end: int
+
+
+async def _through(hops: list[_Hop], step: int, version: int, token_ids: list[list[int]], positions: list[int],
+                   keep_rows: list[int] | None, expand: int, stats: HeadStats) -> StageResult:
+    hidden = None
+    result: StageResult | None = None
+    for i, hop in enumerate(hops):
+        msg = StageForward(step=step, start=hop.start, end=hop.end, adapter_version=version,
+                           token_ids=token_ids if i == 0 else [], hidden=hidden, position_ids=positions,
+                           keep_rows=keep_rows, expand=expand)
+        result = await hop.link.forward(msg)
+        stats.busy_s[i] += result.busy_s
+        hidden = result.hidden
+        if i < len(hops) - 1 and hidden is None:
+            raise StageError(f"stage [{hop.start}, {hop.end}) returned no hidden states", peer_id="?", lost=True)
+    assert result is not None
+    return result
+
+
+async def generate_group(links: list[Any], prompt_ids: list[int], n: int, params: SamplingParams, version: int,
+                         *, eog: set[int] | frozenset[int], n_ctx: int,
+                         stats: HeadStats | None = None) -> list[SampledCompletion]:
+    """``n`` completions of ``prompt_ids`` through ``links`` (ordered stages, already opened
+    with ``batch=n`` and the sampling settings)."""
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("empty prompt")
+    stats = stats if stats is not None else HeadStats()
+    stats.busy_s = [0.0] * len(links)
+    hops = [_Hop(link, link.start, link.end) for link in links]
+    state = chunk_state(len(prompt), n_ctx, 0, n, params)
+    if state is None:
+        return [SampledCompletion([], [], "length") for _ in range(n)]
+    limit, _, tokens, logprobs, finish = state
+    t0 = time.perf_counter()
+    res = await _through(hops, 0, version, [prompt], list(range(len(prompt))), None, n if n > 1 else 0, stats)
+    active = list(range(n))
+    pos, step = len(prompt), 1
+    while True:
+        if len(res.tokens) != len(active) or len(res.logprobs) != len(active):
+            raise StageError(f"last stage returned {len(res.tokens)} tokens for {len(active)} rows",
+                             peer_id="?", lost=True)
+        stats.tokens += len(active)
+        keep_rows, still = record_step(res.tokens, res.logprobs, active, tokens, logprobs, finish, eog, limit)
+        if not still:
+            break
+        keep = keep_rows if len(still) < len(active) else None
+        active = still
+        res = await _through(hops, step, version, [[tokens[j][-1]] for j in active], [pos], keep, 0, stats)
+        pos += 1
+        step += 1
+    stats.steps += step
+    stats.wall_s += time.perf_counter() - t0
+    return [SampledCompletion(tokens[j], logprobs[j], finish[j]) for j in range(n)]
+
+
+class _RouteLink:
+    """A :class:`StageLink` with the route's own idea of its range."""
+
+    def __init__(self, link: Any, stage: RouteStage) -> None:
+        self.link, self.start, self.end = link, stage.start, stage.end
+
+    async def forward(self, msg: StageForward) -> StageResult:
+        return await self.link.forward(msg)
+
+
+async def generate_over_route(host: Any, route: list[RouteStage], n_layers: int, prompt_ids: list[int], n: int,
+                              params: SamplingParams, version: int, *, eog: set[int] | frozenset[int],
+                              n_ctx: int, wire_dtype: str = "float32", config: LinkConfig | None = None,
+                              stats: HeadStats | None = None) -> list[SampledCompletion]:
+    """Open a session on every stage of ``route`` (over ``host``, a ``SwarmHost``), generate
+    one group, close the sessions. Raises :class:`StageError` on a refusal or a lost stage."""
+    check_route([(s.start, s.end) for s in route], n_layers)
+    stats = stats if stats is not None else HeadStats()
+    session = uuid.uuid4().hex
+    max_len = min(n_ctx, len(prompt_ids) + params.max_tokens)
+    async with AsyncExitStack() as stack:
+        links = []
+        for stage in route:
+            req = StageOpen(session_id=session, start=stage.start, end=stage.end, adapter_version=version, batch=n,
+                            max_len=max_len, wire_dtype=wire_dtype, temperature=params.temperature,
+                            top_p=params.top_p, seed=int(params.seed) % (1 << 64))
+            link = await stack.enter_async_context(open_stage_link(host, stage.peer_id, req, config))
+            links.append(link)
+        out = await generate_group([_RouteLink(l, s) for l, s in zip(links, route)], prompt_ids, n, params, version,
+                                   eog=eog, n_ctx=n_ctx, stats=stats)
+        stats.bytes_out = [l.bytes_out for l in links]
+        stats.bytes_in = [l.bytes_in for l in links]
+        return out
