@@ -29,7 +29,8 @@ import trio
 
 from learner.config import DissemConfig
 from node_agents.backends.base import LoraAdapter
-from swarm.dissem.broadcast import BroadcastSettings, Disseminator
+from swarm.dissem.broadcast import BroadcastSettings, Disseminator, to_subtree
+from swarm.dissem.instructions import build_instructions, sign_instructions
 from swarm.dissem.codec import CodecConfig
 from swarm.dissem.manifest import build_version, decode_version, sign_manifest
 from swarm.dissem.store import Assembly, ChunkStore
@@ -171,9 +172,18 @@ class LearnerDissem:
         holders = [PeerRef(m.peer_id, list(m.addrs)) for m in chosen if m.reachable]
         self.started_at[asm.version] = time.time()
         plan = self.plan(chosen)
+        self.dis.keep_instructions(self.sign_layout(asm.version, plan, chosen, holders))
         self._nursery.start_soon(self.dis.broadcast, asm, plan, holders)
         self._nursery.start_soon(self._watch, asm, plan, chosen, holders)
         return _reply(adapter, recon)
+
+    def sign_layout(self, version: int, plan: Plan | None, chosen: list[Member], holders: list[PeerRef]):
+        """The signed relay instructions of ``version`` (``plan`` None: holders only, for announcements)."""
+        addrs = {m.peer_id: list(m.addrs) for m in chosen if m.reachable}
+        roots = [[to_subtree(r, addrs) for r in stripe] for stripe in plan.roots] if plan is not None else []
+        instr = build_instructions(self.run_id, version, plan.stripes if plan is not None else 1, roots, holders,
+                                   self.host.peer_id)
+        return sign_instructions(instr, self.host.private_key())
 
     def watch_delay(self, plan: Plan, chosen: list[Member], total_bytes: int) -> float:
         """How long the tree gets to deliver a version before the learner announces it to the
@@ -193,9 +203,10 @@ class LearnerDissem:
         if late and self.store.get(asm.version) is asm:
             log.warning("dissem: v%d not reported by %d node(s) after the broadcast; announcing it to them",
                         asm.version, len(late))
+            signed = self.sign_layout(asm.version, None, chosen, holders)
             async with trio.open_nursery() as nursery:
                 for m in late:
-                    nursery.start_soon(self.dis.announce, asm, PeerRef(m.peer_id, list(m.addrs)), holders)
+                    nursery.start_soon(self.dis.announce, asm, PeerRef(m.peer_id, list(m.addrs)), holders, signed)
 
     def submit(self, reply: AdapterReply) -> None:
         """Queue a version the learner service just published (encoded and pushed by :meth:`run`)."""

@@ -20,6 +20,12 @@ learner (which holds complete versions) and every node.
   (``DISSEM_CHUNKS``) from the holders in random order, the learner last, skipping
   peers that sent bad data. Repaired chunks are forwarded down the tree like pushed ones.
 - **Adoption**: a sender that cannot reach a child feeds the child's children itself.
+- **Signed instructions**: the layout (every stripe's tree with addresses, and the holders) is
+  signed by the learner (:mod:`swarm.dissem.instructions`) and relayed unchanged; a receiver
+  checks it and takes its children and repair sources from it, never from a header's unsigned
+  ``children``/``holders``, so no peer can redirect the tree. A header without signed
+  instructions is still accepted for its (signed) manifest and hashed chunks, but the node then
+  relays to nobody and repairs from the learner only.
 """
 
 from __future__ import annotations
@@ -31,13 +37,14 @@ from typing import Awaitable, Callable
 
 import trio
 
+from swarm.dissem.instructions import children_of, verify_instructions
 from swarm.dissem.manifest import ManifestError
 from swarm.dissem.store import Assembly, ChunkStore
 from swarm.dissem.tree import Plan, TreeNode
 from swarm.errors import EndOfStream, FrameError, SwarmError, SwarmTimeout
 from swarm.framing import read_frame, write_frame
 from swarm.proto import DISSEM_CHUNKS, DISSEM_PUSH
-from swarm.proto.dissem import ChunkFrame, ChunkReply, ChunkRequest, PeerRef, PushHeader, Subtree
+from swarm.proto.dissem import ChunkFrame, ChunkReply, ChunkRequest, Instructions, PeerRef, PushHeader, Subtree
 from swarm.wire import WireError
 
 log = logging.getLogger(__name__)
@@ -64,6 +71,8 @@ class BroadcastSettings:
 
 
 OnComplete = Callable[[Assembly], Awaitable[None]]
+#: Versions whose relay instructions a peer keeps.
+KEEP_INSTRUCTIONS = 8
 
 
 def to_subtree(node: TreeNode, addrs: dict[str, list[str]]) -> Subtree:
@@ -84,6 +93,13 @@ class Disseminator:
         self.addrs: dict[str, list[str]] = {}
         self._repairing: set[int] = set()
         self._rng = random.Random()
+        #: Version -> the learner's signed relay instructions, forwarded in every header we send.
+        self.instructions: dict[int, Instructions] = {}
+
+    def keep_instructions(self, instr: Instructions) -> None:
+        self.instructions[instr.version] = instr
+        for v in sorted(self.instructions)[:-KEEP_INSTRUCTIONS]:
+            del self.instructions[v]
 
     def register(self) -> None:
         self.host.set_stream_handler(DISSEM_PUSH, self._on_push)
@@ -114,7 +130,8 @@ class Disseminator:
         if last is not None:
             raise last
 
-    async def announce(self, asm: Assembly, ref: PeerRef, holders: list[PeerRef]) -> None:
+    async def announce(self, asm: Assembly, ref: PeerRef, holders: list[PeerRef],
+                       instructions: Instructions | None = None) -> None:
         """Tell ``ref`` about ``asm`` with a header-only push: it learns the signed manifest and
         the holders, sees the stream end with every chunk missing, and repairs from peers.
         For a node whose relay died before passing anything on (it never heard of the version)."""
@@ -127,7 +144,7 @@ class Disseminator:
             return
         ok = False
         try:
-            header = PushHeader(asm.manifest, 0, 1, [], holders)
+            header = PushHeader(asm.manifest, 0, 1, [], holders, instructions)
             await write_frame(stream, header.to_wire(), timeout=s.stall_timeout_s,
                               max_size=self.host.config.max_frame_bytes)
             ok = True
@@ -156,7 +173,8 @@ class Disseminator:
         need = sum(1 for i in range(len(asm.chunks)) if i % stripes == stripe)
         ok = False
         try:
-            header = PushHeader(asm.manifest, stripe, stripes, sub.children, holders)
+            header = PushHeader(asm.manifest, stripe, stripes, sub.children, holders,
+                                self.instructions.get(asm.version))
             await write_frame(stream, header.to_wire(), timeout=s.stall_timeout_s, max_size=cap)
             pos = sent = 0
             while sent < need:
@@ -194,6 +212,7 @@ class Disseminator:
             asm = self.store.accept(header.manifest)
             if header.stripe >= header.stripes:
                 raise WireError(f"stripe {header.stripe} of {header.stripes}")
+            children, holders = self._follow(header, parent)
         except ManifestError as e:
             log.warning("rejected a pushed manifest from %s: %s", parent[-8:], e)
             await _close(stream, reset=True)
@@ -202,16 +221,31 @@ class Disseminator:
             log.warning("bad push header from %s: %s", parent[-8:], e)
             await _close(stream, reset=True)
             return
-        for h in header.holders:
+        for h in holders:
             self.addrs.setdefault(h.peer_id, list(h.addrs))
         stripe, stripes = header.stripe, header.stripes
         async with trio.open_nursery() as nursery:
-            for child in header.children:
-                nursery.start_soon(self.feed, asm, stripe, stripes, child, header.holders)
+            for child in children:
+                nursery.start_soon(self.feed, asm, stripe, stripes, child, holders)
             if asm.version not in self._repairing:
                 self._repairing.add(asm.version)
-                nursery.start_soon(self._repair_loop, asm, header.holders)
+                nursery.start_soon(self._repair_loop, asm, holders)
             await self._receive(stream, parent, asm, stripe, stripes)
+
+    def _follow(self, header: PushHeader, parent: str) -> tuple[list[Subtree], list[PeerRef]]:
+        """(children, holders) this node may use for the pushed stripe: from the learner's signed
+        instructions only (raises :class:`ManifestError` if they are forged or for another version)."""
+        instr = header.instructions
+        if instr is None:
+            if header.children or header.holders:
+                log.warning("v%d: push from %s carries unsigned relay instructions; not following them",
+                            header.manifest.version, parent[-8:])
+            return [], []
+        verify_instructions(instr, self.store.learner_peer_id, self.store.run_id, header.manifest.version)
+        self.keep_instructions(instr)
+        if header.stripes != instr.stripes:  # a header-only announcement: nothing to relay
+            return [], list(instr.holders)
+        return children_of(instr, header.stripe, self.host.peer_id), list(instr.holders)
 
     async def _receive(self, stream, parent: str, asm: Assembly, stripe: int, stripes: int) -> None:
         s = self.settings

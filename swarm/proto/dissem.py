@@ -77,6 +77,32 @@ class Subtree(Message):
 
 
 @dataclass
+class StripeTree(Message):
+    KIND = "stripe_tree"
+    stripe: int = bounded(min=0)
+    #: The subtrees the learner feeds directly for this stripe.
+    roots: list[Subtree] = field(default_factory=list)
+
+
+@dataclass
+class Instructions(Message):
+    """The learner's broadcast layout for one version, signed by it (see
+    :mod:`swarm.dissem.instructions`); relayed unchanged in every push header. Nodes take their
+    children and repair sources from here, never from the unsigned header fields."""
+
+    KIND = "relay_instructions"
+    run_id: str
+    version: int = bounded(min=0)
+    stripes: int = bounded(min=1, max=1024)
+    trees: list[StripeTree] = bounded(max_items=1024)
+    holders: list[PeerRef] = bounded(max_items=100_000)
+    #: Base58 peer id of the learner that signed them.
+    signer: str = ""
+    #: Ed25519 signature (empty while unsigned).
+    signature: bytes = b""
+
+
+@dataclass
 class PushHeader(Message):
     KIND = "push_header"
     manifest: Manifest
@@ -87,6 +113,9 @@ class PushHeader(Message):
     children: list[Subtree] = field(default_factory=list)
     #: Peers that will hold the version: where missing chunks may be fetched from.
     holders: list[PeerRef] = field(default_factory=list)
+    #: The learner's signed layout for this version (None: an older sender; then the node relays
+    #: to nobody and repairs from the learner only).
+    instructions: Instructions | None = None
 
 
 @dataclass

@@ -1,0 +1,80 @@
+"""Signed relay instructions: who relays a version to whom, and who holds it.
+
+The learner signs, per version, the whole broadcast layout (every stripe's tree with each
+peer's addresses, and the holders to repair from) with its host's Ed25519 key, over a domain
+tag and msgpack of the fields with map keys sorted (as manifests are signed, see
+:mod:`swarm.dissem.manifest`). The instructions travel unchanged in every push header down the
+tree. A node checks them against the learner peer id it was configured with, the run and the
+version of the (separately signed) manifest, then takes its children from its own place in the
+signed tree and its repair sources from the signed holders. It never follows the ``children`` /
+``holders`` fields a peer wrote into a header: a peer that holds a genuine manifest can therefore
+not make other nodes dial or upload to addresses of its choosing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from swarm.dissem.manifest import ManifestError, _sorted, public_key_of
+from swarm.proto.dissem import Instructions, PeerRef, StripeTree, Subtree
+
+#: Prepended to the signed bytes so these signatures cannot be replayed as another message's.
+SIGNING_DOMAIN = b"echo-swarm/relay-instructions/1\x00"
+
+
+def canonical_bytes(instr: Instructions) -> bytes:
+    wire = instr.to_wire()
+    wire.pop("signature", None)
+    return SIGNING_DOMAIN + msgpack.packb(_sorted(wire), use_bin_type=True)
+
+
+def build_instructions(run_id: str, version: int, stripes: int, roots: list[list[Subtree]],
+                       holders: list[PeerRef], signer: str) -> Instructions:
+    """Unsigned instructions: ``roots[s]`` are the subtrees the learner feeds for stripe ``s``."""
+    return Instructions(run_id=run_id, version=version, stripes=stripes,
+                        trees=[StripeTree(s, list(r)) for s, r in enumerate(roots)],
+                        holders=list(holders), signer=signer)
+
+
+def sign_instructions(instr: Instructions, private_key: Any) -> Instructions:
+    instr.signature = private_key.sign(canonical_bytes(instr))
+    return instr
+
+
+def verify_instructions(instr: Instructions, learner_peer_id: str, run_id: str | None, version: int) -> None:
+    """Raise :class:`ManifestError` unless ``instr`` is the learner's, for this run and version."""
+    if instr.signer != learner_peer_id:
+        raise ManifestError(f"relay instructions for v{instr.version} are signed by {instr.signer}, not the learner")
+    if not instr.signature:
+        raise ManifestError(f"relay instructions for v{instr.version} are unsigned")
+    try:
+        ok = public_key_of(learner_peer_id).verify(canonical_bytes(instr), instr.signature)
+    except ManifestError:
+        raise
+    except Exception as e:
+        raise ManifestError(f"relay instructions v{instr.version}: signature check failed: {e}") from e
+    if not ok:
+        raise ManifestError(f"relay instructions v{instr.version}: bad signature")
+    if run_id is not None and instr.run_id != run_id:
+        raise ManifestError(f"relay instructions are for run {instr.run_id}, not {run_id}")
+    if instr.version != version:
+        raise ManifestError(f"relay instructions are for v{instr.version}, the manifest is v{version}")
+
+
+def find_subtree(instr: Instructions, stripe: int, peer_id: str) -> Subtree | None:
+    """``peer_id``'s own place in stripe ``stripe``'s tree (``None``: not in it)."""
+    stack = [t for tree in instr.trees if tree.stripe == stripe for t in tree.roots]
+    while stack:
+        node = stack.pop()
+        if node.peer.peer_id == peer_id:
+            return node
+        stack.extend(node.children)
+    return None
+
+
+def children_of(instr: Instructions, stripe: int, peer_id: str) -> list[Subtree]:
+    """Whom ``peer_id`` relays stripe ``stripe`` to, by the signed layout."""
+    node = find_subtree(instr, stripe, peer_id)
+    return list(node.children) if node is not None else []
