@@ -114,6 +114,7 @@ async def run_learner(
     resume: bool = False,
     console: Callable[[str], None] = print,
     on_service: Callable[[LearnerService], None] | None = None,
+    data_dir: Path | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> list[dict]:
     """Run the whole training job; ``task_status.started(addrs)`` once nodes can join.
@@ -123,9 +124,12 @@ async def run_learner(
     from learner.checkpoint import load_open_problems, load_state, open_problem_refs, reissue_specs, run_identity, save_state
     from learner.models import resolve_model
     from swarm.host import HostConfig, open_host
-    data_dir: Path | None = None,
     from learner.episodes import episode_settings, make_verifier, run_task
 
+    from learner.identity import announce_run, join_swarm, run_name
+    from swarm.discovery.dht import open_discovery
+
+    name = run_name(cfg)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))
@@ -133,10 +137,6 @@ async def run_learner(
     resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, cfg.model.cache_dir or None)
     trainer = await trio.to_thread.run_sync(build_trainer, resolved, cfg)
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, resolved.hf_dir)
-    from learner.identity import announce_run, join_swarm, run_name
-    from swarm.discovery.dht import open_discovery
-
-    name = run_name(cfg)
     task = run_task(cfg.task)
     episodes = episode_settings(cfg, task)  # None: single-turn run
     state = LoopState()
