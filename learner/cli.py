@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field, e.g. --set train.steps=20 (repeatable)")
     la.add_argument("--resume", action="store_true", help="continue from the run dir's latest checkpoint")
+    add_network_arguments(la)
     add_dashboard_arguments(la)
 
     de = sub.add_parser("demo", help="start a learner and N swarm-node processes on 127.0.0.1 and train")
@@ -114,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"swarm-learner: report written to {write_report(args.run_dir, args.out)}")
             return 0
         if args.command == "launch":
-            cfg = validate(load_config(LearnerConfig, args.config, [*args.overrides, *dashboard_overrides(args)]))
-            return launch(cfg, args.run_dir or _default_run_dir(""), args.resume)
+            cfg = validate(load_config(LearnerConfig, args.config,
+                                       [*args.overrides, *dashboard_overrides(args), *network_overrides(args)]))
+            return launch(cfg, args.run_dir or _default_run_dir(""), args.resume, args.data_dir)
         overrides = [f"task.seed={args.seed}", f"train.seed={args.seed}", *args.overrides]
         if args.task is not None:
             overrides.append(f'task.name="{args.task}"')
@@ -198,13 +200,57 @@ def run_eval_command(args, cfg) -> int:
     return 0
 
 
-def launch(cfg, run_dir: Path, resume: bool) -> int:
+def launch(cfg, run_dir: Path, resume: bool, data_dir: Path | None = None) -> int:
     import trio
 
     from learner.loop import run_learner
 
-    trio.run(lambda: run_learner(cfg, run_dir, resume=resume))
+    trio.run(lambda: run_learner(cfg, run_dir, resume=resume, data_dir=data_dir))
     return 0
+
+
+def add_network_arguments(p: argparse.ArgumentParser) -> None:
+    """``launch``: where the learner listens, what it advertises, its key and its run name."""
+    from learner.identity import default_data_dir
+
+    p.add_argument("--listen", default=None, metavar="MULTIADDR",
+                   help="listen address (default network.listen: /ip4/0.0.0.0/tcp/4001, all interfaces)")
+    p.add_argument("--announce", action="append", default=[], metavar="MULTIADDR",
+                   help="also advertise this address (public address or port mapping), repeatable")
+    p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
+                   help="join an existing swarm's DHT through this member (e.g. after moving), repeatable")
+    p.add_argument("--run", default=None, metavar="NAME",
+                   help="run name announced in the swarm (default run.name, else <task>-<model>-<config hash>)")
+    p.add_argument("--data-dir", type=Path, default=default_data_dir(),
+                   help="keeps the learner's key, so its peer id is the same on every launch (default %(default)s)")
+
+
+def network_overrides(args) -> list[str]:
+    """Config overrides for the flags of :func:`add_network_arguments` (validated here)."""
+    import json
+
+    from swarm.addrs import check_announce, split_peer_id
+    from swarm.config import ConfigError
+    from swarm.discovery.keys import check_run_name
+
+    out = []
+    try:
+        if args.run is not None:
+            out.append(f"run.name={json.dumps(check_run_name(args.run))}")
+        for addr in args.announce:
+            check_announce(addr)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for addr in args.bootstrap:
+        if not split_peer_id(addr)[1]:
+            raise ConfigError(f"--bootstrap {addr!r} must end in /p2p/<peer id>")
+    if args.listen is not None:
+        out.append(f"network.listen={json.dumps(args.listen)}")
+    if args.announce:
+        out.append(f"network.announce={json.dumps(args.announce)}")
+    if args.bootstrap:
+        out.append(f"network.bootstrap={json.dumps(args.bootstrap)}")
+    return out
 
 
 if __name__ == "__main__":
