@@ -111,7 +111,9 @@ async def run_manifest(host, learner_peer: str) -> tuple[ModelManifest, list]:
 
 
 async def report_have(host, learner_peer: str, copy: ModelCopy, fetcher: ModelFetcher | None = None) -> None:
-    msg = ModelHave(copy.manifest.content_sha256, list(host.addrs), copy.count(), copy.complete,
+    advertised = getattr(host, "advertised_addrs", None)  # dialable ones only, never 0.0.0.0
+    addrs = advertised(learner_peer) if advertised is not None else list(host.addrs)
+    msg = ModelHave(copy.manifest.content_sha256, addrs[:16], copy.count(), copy.complete,
                     dict(fetcher.from_peers) if fetcher else {}, round(fetcher.fetch_s, 3) if fetcher else 0.0)
     await host.request(learner_peer, MODEL_HAVE, msg, ModelHaveAck, timeout=CONTROL_TIMEOUT_S)
 

@@ -20,8 +20,10 @@ from typing import Awaitable, Callable
 
 import trio
 
+from swarm.content.serve import close_stream
 from swarm.content.store import ModelCopy, from_bitmap
-from swarm.errors import SwarmError
+from swarm.errors import EndOfStream, FrameError, SwarmError
+from swarm.framing import read_frame, write_frame
 from swarm.proto import MODEL_CHUNKS
 from swarm.proto.dissem import PeerRef
 from swarm.proto.model import ModelChunkReply, ModelChunkRequest
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class FetchSettings:
     #: Chunks asked for in one request.
-    batch: int = 4
+    batch: int = 8
     #: Deadline (s) of one chunk request.
     request_timeout_s: float = 30.0
     #: How often (s) holders are asked for again and progress is reported.
@@ -165,11 +167,22 @@ class ModelFetcher:
         if last is not None:
             raise last
 
+    async def _ask(self, stream, want: list[int]) -> ModelChunkReply:
+        s, cap = self.settings, self.host.config.max_frame_bytes
+        req = ModelChunkRequest(self.copy.manifest.content_sha256, want)
+        await write_frame(stream, req.to_wire(), timeout=s.request_timeout_s, max_size=cap)
+        try:
+            raw = await read_frame(stream, max_size=cap, timeout=s.request_timeout_s)
+        except EndOfStream as e:
+            raise FrameError("the peer closed the chunk stream") from e
+        return ModelChunkReply.from_wire(raw)
+
     async def _worker(self, ref: PeerRef) -> None:
         s, peer = self.settings, ref.peer_id
         m = self.copy.manifest
         peer_has: set[int] | None = None if peer == self.learner_peer else set()
         failures = 0
+        stream = None
         try:
             if peer != self.learner_peer:
                 await self._dial(ref)
@@ -177,11 +190,15 @@ class ModelFetcher:
                 want = pick_chunks(self.copy.missing(), self._in_flight, peer_has, s.batch, self._start)
                 self._in_flight.update(want)
                 try:
-                    reply = await self.host.request(peer, MODEL_CHUNKS, ModelChunkRequest(m.content_sha256, want),
-                                                    ModelChunkReply, timeout=s.request_timeout_s)
-                except (SwarmError, WireError) as e:
+                    if stream is None:  # one stream per peer, many requests on it
+                        stream = await self.host.open_stream(peer, MODEL_CHUNKS, timeout=s.request_timeout_s)
+                    reply = await self._ask(stream, want)
+                except (SwarmError, FrameError, WireError) as e:
                     failures += 1
                     log.info("model chunks from %s failed (%d): %s", peer[-8:], failures, e)
+                    if stream is not None:
+                        await close_stream(stream, reset=True)
+                        stream = None
                     if failures >= s.max_failures:
                         return
                     await trio.sleep(s.empty_backoff_s * failures)
@@ -211,6 +228,8 @@ class ModelFetcher:
             log.info("model holder %s unreachable: %s", peer[-8:], e)
         finally:
             self._workers.discard(peer)
+            if stream is not None:
+                await close_stream(stream, reset=False)
 
     def _report_progress(self) -> None:
         if self.progress is not None:

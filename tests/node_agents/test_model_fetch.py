@@ -40,6 +40,16 @@ class CorruptCopy(ModelCopy):
         return data if data is None else bytes([data[0] ^ 1]) + data[1:]
 
 
+def slow(server, delay=0.05):
+    """Make a chunk server answer each request ``delay`` seconds late."""
+    fast = server.on_chunks
+
+    async def on_chunks(msg, peer):
+        await trio.sleep(delay)
+        return await fast(msg, peer)
+    server.on_chunks = on_chunks
+
+
 async def holders_of(host, learner):
     return (await run_manifest(host, learner))[1]
 
@@ -59,7 +69,8 @@ def test_fetch_from_learner_and_a_holder_with_a_corrupt_peer(tmp_path, model_fil
                 open_host(tmp_path / "A", listen_addr=LOOPBACK) as ah, \
                 open_host(tmp_path / "B", listen_addr=LOOPBACK) as bh:
             serve = await start_model_serve(lh, model_file, "tiny", chunk_bytes=CHUNK)
-            serve.server.max_reply_bytes = CHUNK  # one chunk per reply: A is asked before the learner is done
+            serve.server.max_reply_bytes = CHUNK  # one slow chunk per reply: A is asked before the learner is done
+            slow(serve.server)
             # peer A claims the model but corrupts what it sends; it is reported as a holder
             a_server = ModelServer(ah)
             a_server.register()
@@ -89,7 +100,8 @@ def test_two_nodes_fetch_at_once_and_trade_chunks(tmp_path, model_file):
                 open_host(tmp_path / "A", listen_addr=LOOPBACK) as ah, \
                 open_host(tmp_path / "B", listen_addr=LOOPBACK) as bh:
             serve = await start_model_serve(lh, model_file, "tiny", chunk_bytes=CHUNK)
-            serve.server.max_reply_bytes = CHUNK  # one chunk per reply: the learner is the slow source
+            serve.server.max_reply_bytes = CHUNK  # one slow chunk per reply: the learner is the slow source
+            slow(serve.server, 0.02)
             results = {}
 
             async def node(h, name):
