@@ -1,0 +1,158 @@
+"""Dashboard overhead: the learner's step time with the live dashboard off and on, side by side.
+
+The same learner step (a GRPO update with the real peft trainer on a fixed batch, then the new
+adapter version exported and published through a real ``LearnerService``) is timed in rounds
+that alternate off/on/on/off (ABBA, so drift cancels). "On" means what a watched run does:
+the dashboard (Hypercorn + Starlette in the learner's trio loop) serves a browser-like client
+on the event stream (``/api/events``, at the configured update rate) while a scraper reads
+``/metrics`` and ``/api/snapshot`` every ``--scrape-s`` seconds. Every step also appends a
+metrics row and wakes the service, so each step pushes a fresh page to the client.
+
+Prints each arm's mean and median step time, the overhead in percent, the load average, and
+how many events and scrapes the clients received (proof they were connected throughout).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behav_logprobs: list[float]
+    advantage: float
+    loss_mask: list[int] | None = None
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--rounds", type=int, default=4, help="ABBA rounds (each: off, on, on, off)")
+    p.add_argument("--steps", type=int, default=2, help="learner steps per arm per round half")
+    p.add_argument("--sequences", type=int, default=16, help="completions per learner step")
+    p.add_argument("--tokens", type=int, default=48, help="tokens per completion")
+    p.add_argument("--scrape-s", type=float, default=1.0, help="seconds between /metrics + /api/snapshot reads")
+    p.add_argument("--update-s", type=float, default=1.0, help="dashboard.min_update_s (event-stream rate limit)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+
+
+def make_batch(n: int, tokens: int, vocab: int, seed: int = 0) -> list[Sample]:
+    rng = random.Random(seed)
+    prompt = [rng.randrange(100, vocab) for _ in range(40)]
+    return [Sample(prompt, [rng.randrange(100, vocab) for _ in range(tokens)], [-1.0] * tokens,
+                   1.0 if i % 2 else -1.0) for i in range(n)]
+
+
+def summarise(times: dict[str, list[float]]) -> dict:
+    out = {arm: {"steps": len(ts), "mean_s": round(statistics.fmean(ts), 4),
+                 "median_s": round(statistics.median(ts), 4),
+                 "stdev_s": round(statistics.stdev(ts), 4) if len(ts) > 1 else 0.0} for arm, ts in times.items()}
+    off, on = out["off"]["mean_s"], out["on"]["mean_s"]
+    out["overhead_pct_mean"] = round(100 * (on - off) / off, 2)
+    out["overhead_pct_median"] = round(100 * (out["on"]["median_s"] - out["off"]["median_s"]) / out["off"]["median_s"], 2)
+    return out
+
+
+def run(args) -> None:
+    import trio
+
+    print(json.dumps(trio.run(measure, args), indent=1))
+
+
+async def measure(args) -> dict:
+    import httpx
+    import trio
+
+    from learner.config import LearnerConfig
+    from learner.coordinator import Coordinator, Limits
+    from learner.loop import LoopState, build_trainer, load_tokenizer
+    from learner.models import resolve_model
+    from learner.publish import adapter_reply
+    from learner.service import LearnerService, SamplingDefaults
+    from learner.web.app import create_app
+    from learner.web.server import start_dashboard
+    from learner.web.state import DashboardSource, snapshot
+    from swarm.proto.hello import Hello
+
+    cfg = LearnerConfig()
+    cfg.train.torch_threads = args.threads
+    cfg.train.micro_batch = args.sequences
+    cfg.dashboard.min_update_s = args.update_s
+    print("dashboard-overhead: loading the model and trainer ...", flush=True)
+    resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, None)
+    trainer = await trio.to_thread.run_sync(build_trainer, resolved, cfg)
+    tokenizer = await trio.to_thread.run_sync(load_tokenizer, resolved.hf_dir)
+    batch = make_batch(args.sequences, args.tokens, len(tokenizer))
+    coord = Coordinator(Limits(group_size=8, max_tokens=args.tokens, vocab_size=len(tokenizer)), 120.0, 1)
+    service = LearnerService(coord, SamplingDefaults(1.0, 1.0, args.tokens, 0), group_size=8, run_id="bench",
+                             model_name=cfg.model.name, long_poll_s=5.0)
+    for i, backend in enumerate(("llamacpp", "torch")):
+        await service.on_hello(Hello(backend=backend, device="cpu", memory_bytes=2**32, tokens_per_s=100.0), f"peer{i}")
+    state, metrics = LoopState(), type("Rows", (), {"rows": []})()
+    src = DashboardSource(cfg=cfg, service=service, metrics=metrics, state=state, run_dir="bench",
+                          started_at=time.time(), clock=trio.current_time)
+    app = create_app(lambda: snapshot(src), service.wait_changed, cfg.dashboard.min_update_s)
+    counts = {"events": 0, "scrapes": 0}
+
+    async def step() -> float:
+        t0 = time.perf_counter()
+        stats = await trio.to_thread.run_sync(trainer.train_step, batch)
+        state.step += 1
+        state.version += 1
+        service.publish(adapter_reply(trainer.export_adapter(state.version)))
+        dt = time.perf_counter() - t0
+        metrics.rows.append({"step": state.step, "policy_version": state.version, "reward_mean": random.random(),
+                             "samples": len(batch), "samples_per_s": len(batch) / dt, "learner_idle_s": 0.0,
+                             "train_s": dt, "step_time_s": dt, "wall_s": time.time() - src.started_at,
+                             "clip_frac": stats.get("clip_frac", 0.0)})
+        service.notify()
+        return dt
+
+    async def sse_client(url: str) -> None:
+        async with httpx.AsyncClient(timeout=None) as client, client.stream("GET", url + "api/events") as resp:
+            async for line in resp.aiter_lines():
+                counts["events"] += line.startswith("event: sections")
+
+    async def scraper(url: str) -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            while True:
+                (await client.get(url + "metrics")).raise_for_status()
+                (await client.get(url + "api/snapshot")).raise_for_status()
+                counts["scrapes"] += 1
+                await trio.sleep(args.scrape_s)
+
+    async def arm(on: bool) -> list[float]:
+        if not on:
+            return [await step() for _ in range(args.steps)]
+        async with trio.open_nursery() as nursery:
+            url = await start_dashboard(nursery, app, "127.0.0.1:0", lambda s: None)
+            nursery.start_soon(sse_client, url)
+            nursery.start_soon(scraper, url)
+            await trio.sleep(0.5)  # clients connected before the first timed step
+            out = [await step() for _ in range(args.steps)]
+            nursery.cancel_scope.cancel()
+        return out
+
+    await step()  # warm-up
+    load_before = os.getloadavg()
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    for r in range(args.rounds):
+        for on in (False, True, True, False):
+            times["on" if on else "off"] += await arm(on)
+        print(f"dashboard-overhead: round {r + 1}/{args.rounds}: off {statistics.fmean(times['off']):.3f}s "
+              f"on {statistics.fmean(times['on']):.3f}s per step", flush=True)
+    out = summarise(times)
+    out.update({"sequences": args.sequences, "tokens": args.tokens, "scrape_s": args.scrape_s,
+                "update_s": args.update_s, "events_received": counts["events"], "scrapes": counts["scrapes"],
+                "loadavg_before": [round(x, 2) for x in load_before],
+                "loadavg_after": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count()})
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
