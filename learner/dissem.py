@@ -79,6 +79,8 @@ class LearnerDissem:
         self._changed = trio.Event()
         #: peer id -> (the addresses measured, the dial-back result).
         self.reach: dict[str, tuple[tuple[str, ...], Reach]] = {}
+        #: version -> the nodes its plan made relays.
+        self.relays: dict[int, list[str]] = {}
 
     def register(self) -> None:
         self.dis.register()
@@ -172,6 +174,7 @@ class LearnerDissem:
         holders = [PeerRef(m.peer_id, list(m.addrs)) for m in chosen if m.reachable]
         self.started_at[asm.version] = time.time()
         plan = self.plan(chosen)
+        self.relays[asm.version] = sorted(plan.relays())
         self.dis.keep_instructions(self.sign_layout(asm.version, plan, chosen, holders))
         self._nursery.start_soon(self.dis.broadcast, asm, plan, holders)
         self._nursery.start_soon(self._watch, asm, plan, chosen, holders)
@@ -232,6 +235,8 @@ class LearnerDissem:
         if self.store.get(msg.version) is None and msg.version not in self.have:
             return HaveAck(ok=False)
         self.have.setdefault(msg.version, {})[peer_id] = msg
+        log.info("dissem: %s holds v%d (%d pushed, %d repaired; chunks from %s)", peer_id[-6:], msg.version,
+                 msg.pushed, msg.repaired, {p[-6:]: n for p, n in msg.sources.items()})
         self._notify()
         return HaveAck(ok=True)
 
@@ -245,6 +250,20 @@ class LearnerDissem:
         others = [p for p in ok if p not in done]
         holders = [PeerRef(p, list(self.members[p].addrs)) for p in (done + others)[:MAX_HOLDERS_REPLY]]
         return ManifestReply(asm.manifest, holders)
+
+    def summary(self) -> dict:
+        """Members with their measured reachability, each version's planned relays and the
+        nodes' completion reports (who sent them how many chunks), for ``dissem.json``."""
+        return {
+            "members": {p: {"reachable": m.reachable, "addrs": list(m.addrs), "upload_bps": m.upload_bps,
+                            "dial_back": self.reach[p][1].summary() if p in self.reach else None}
+                        for p, m in self.members.items()},
+            "versions": {str(v): {"relays": self.relays.get(v, []),
+                                  "have": {p: {"pushed": h.pushed, "repaired": h.repaired, "rejected": h.rejected,
+                                               "sources": dict(h.sources), "completed_at": h.completed_at}
+                                           for p, h in reports.items()}}
+                         for v, reports in sorted(self.have.items())},
+        }
 
     async def wait_members(self, n: int, timeout_s: float) -> bool:
         """Wait until at least ``n`` nodes are registered; False on timeout."""

@@ -220,6 +220,8 @@ async def run_learner(
             (run_dir / "ledger.json").write_text(json.dumps(coord.counts(), indent=1))
             (run_dir / "swarm.json").write_text(json.dumps(service.swarm_summary(), indent=1))
             (run_dir / "model_fetch.json").write_text(json.dumps(model_serve.summary(), indent=1))
+            if service.dissem is not None:  # reachability, relays and who sent each node its chunks
+                (run_dir / "dissem.json").write_text(json.dumps(service.dissem.summary(), indent=1))
             console(f"learner: done; adapter in {run_dir / 'adapter'}, metrics in {run_dir / 'metrics.jsonl'}")
             await service.wait_nodes_told(active_within_s=cfg.sync.long_poll_s + 30.0, timeout_s=SHUTDOWN_GRACE_S)
             nursery.cancel_scope.cancel()

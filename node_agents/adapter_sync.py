@@ -83,7 +83,7 @@ class AdapterSync:
             return None
 
     async def _report(self, asm: Assembly) -> None:
-        msg = HaveVersion(asm.version, asm.completed_at, asm.pushed, asm.repaired, asm.rejected)
+        msg = HaveVersion(asm.version, asm.completed_at, asm.pushed, asm.repaired, asm.rejected, dict(asm.sources))
         log.info("dissem: v%d complete (%d pushed, %d repaired, %d rejected chunks)",
                  asm.version, asm.pushed, asm.repaired, asm.rejected)
         try:

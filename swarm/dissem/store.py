@@ -34,6 +34,8 @@ class Assembly:
         self.pushed = 0
         self.repaired = 0
         self.rejected = 0
+        #: Verified chunks per sender peer id (who relayed or served what).
+        self.sources: dict[str, int] = {}
         self.completed_at = 0.0
         self.last_progress = trio.current_time()
         #: Peers that sent a chunk failing its hash: never asked again for this version.
@@ -69,6 +71,7 @@ class Assembly:
             return False
         self.chunks[index] = bytes(data)
         self.order.append(index)
+        self.sources[source] = self.sources.get(source, 0) + 1
         if repaired:
             self.repaired += 1
         else:

@@ -190,6 +190,8 @@ class HaveVersion(Message):
     pushed: int = bounded_default(0, min=0)
     repaired: int = bounded_default(0, min=0)
     rejected: int = bounded_default(0, min=0)
+    #: Chunks received from each sender (peer id -> count): the learner, relays, repair holders.
+    sources: dict[str, int] = field(default_factory=dict, metadata={"max_items": 4096})
 
 
 @dataclass
