@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    if not args.verbose:  # py-libp2p logs every failed DHT dial (to a gone peer) as a warning or error
+        logging.getLogger("libp2p").setLevel(logging.CRITICAL)
     from learner.config import LearnerConfig
     from swarm.config import ConfigError, load_config
 

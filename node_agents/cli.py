@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"swarm-node: {problem}", file=sys.stderr)
         return 2
-    if not args.verbose:  # py-libp2p logs every failed DHT dial as a warning
-        logging.getLogger("libp2p").setLevel(logging.ERROR)
+    if not args.verbose:  # py-libp2p logs every failed DHT dial (to a gone peer) as a warning or error
+        logging.getLogger("libp2p").setLevel(logging.CRITICAL)
     try:
         return join(cfg, args.name)
     except KeyboardInterrupt:
