@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # llama-cpp-python builds from source; the multimodal part is not needed.
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 
-.PHONY: install demo test test-slow bench clean netns-tools
+.PHONY: install demo test test-slow bench clean netns-tools browser-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/swarm-learner demo --nodes 2
 
-test: $(STAMP) netns-tools
+test: $(STAMP) netns-tools browser-tools
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP) netns-tools
@@ -42,6 +42,16 @@ netns-tools:
 	  apt-get install -y -qq iproute2 nftables >/dev/null 2>&1 || \
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq iproute2 nftables >/dev/null 2>&1; } || \
 	  echo "could not install iproute2/nftables: the emulated-host tests will skip"; \
+	fi
+
+# The dashboard's browser test drives Debian's headless chromium; installed when root and
+# missing, elsewhere that test skips with the reason.
+browser-tools:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v chromium >/dev/null; then \
+	  echo "installing chromium for the dashboard's browser test"; \
+	  apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } || \
+	  echo "could not install chromium: the dashboard's browser test will skip"; \
 	fi
 
 clean:
