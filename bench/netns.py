@@ -175,6 +175,23 @@ class Testbed:
             sh(*ipt, "-A", "FORWARD", "-i", "lan", "-j", "ACCEPT")
             sh(*ipt, "-A", "FORWARD", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
 
+    def forward_port(self, i: int, port: int) -> None:
+        """Port forwarding on NAT'd host ``i``'s router: TCP ``public_ip(i):port`` reaches
+        ``ip(i):port`` (what an operator sets up on a home router for ``--announce``)."""
+        if i not in self.nat_hosts:
+            raise ValueError(f"host {i} is not behind NAT")
+        r, dst = self.router(i), f"{self.ip(i)}:{port}"
+        if nat_tool() == "nft":
+            rules = (f"table ip nat {{\n chain prerouting_nat {{\n  type nat hook prerouting priority dstnat; "
+                     f"policy accept;\n  iifname \"wan\" tcp dport {port} dnat to {dst}\n }}\n}}\n"
+                     f"add rule ip filter forward_nat iifname \"wan\" ct status dnat accept\n")
+            sh("ip", "netns", "exec", r, "nft", "-f", "-", input=rules)
+        else:
+            ipt = ["ip", "netns", "exec", r, "iptables"]
+            sh(*ipt, "-t", "nat", "-A", "PREROUTING", "-i", "wan", "-p", "tcp", "--dport", str(port),
+               "-j", "DNAT", "--to-destination", dst)
+            sh(*ipt, "-A", "FORWARD", "-i", "wan", "-p", "tcp", "-d", self.ip(i), "--dport", str(port), "-j", "ACCEPT")
+
     def command(self, i: int, argv: list[str]) -> list[str]:
         """``argv`` run inside host ``i``'s namespace."""
         return ["ip", "netns", "exec", self.ns(i)] + list(argv)

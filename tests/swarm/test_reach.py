@@ -51,8 +51,9 @@ def test_dial_back_on_loopback(tmp_path):
     trio.run(main)
 
 
-def serve(tb, i, tmp_path) -> tuple[subprocess.Popen, list[str]]:
-    p = tb.popen(i, [sys.executable, "-m", "swarm.discovery.reach", "--serve", "--listen", "/ip4/0.0.0.0/tcp/4001"],
+def serve(tb, i, tmp_path, *extra: str) -> tuple[subprocess.Popen, list[str]]:
+    p = tb.popen(i, [sys.executable, "-m", "swarm.discovery.reach", "--serve", "--listen", "/ip4/0.0.0.0/tcp/4001",
+                     *extra],
                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(tmp_path / f"serve{i}.log", "w"), text=True)
     addrs = []
     deadline = time.monotonic() + 60
@@ -93,3 +94,16 @@ def test_dial_back_between_emulated_hosts(netns_hosts, tmp_path):
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def test_port_forward_and_announce_make_a_nat_host_reachable(netns_hosts, tmp_path):
+    tb = netns_hosts(2, nat_hosts=(1,))
+    tb.forward_port(1, 4001)
+    p, addrs = serve(tb, 1, tmp_path, "--announce", f"/ip4/{tb.public_ip(1)}/tcp/4001")
+    try:
+        assert addrs[0].startswith(f"/ip4/{tb.public_ip(1)}/tcp/4001/p2p/"), addrs  # announced first
+        seen = probe(tb, 0, addrs)
+        assert seen["reachable"] and tb.public_ip(1) in seen["addr"], seen
+    finally:
+        p.stdin.close()
+        p.wait(timeout=10)
