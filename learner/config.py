@@ -105,6 +105,10 @@ class TrainConfig:
     seed: int = 0
     #: Write a resumable checkpoint every this many steps (0 = only at the end).
     checkpoint_every: int = 10
+    #: Before each step, recompute the rollouts' log-probs in fp32 under the learner's current
+    #: policy and log the mean |behaviour - recomputed| per node backend as
+    #: ``behav_diff_<backend>`` (one extra forward pass per step; ``learner/behaviour_check.py``).
+    behaviour_check: bool = False
 
 
 @dataclass

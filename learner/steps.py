@@ -83,6 +83,11 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
 
     state = ctx.state
     samples, rewards = score_groups(groups, ctx.task, ctx.tokenizer)
+    check: dict[str, float] = {}
+    if ctx.cfg.train.behaviour_check:  # learner/behaviour_check.py
+        from learner.behaviour_check import behaviour_diffs
+
+        check = await trio.to_thread.run_sync(behaviour_diffs, ctx.trainer, groups, ctx.service.node_backends())
     t1 = time.perf_counter()
     stats = await trio.to_thread.run_sync(ctx.trainer.train_step, samples)
     train_s = time.perf_counter() - t1
@@ -114,4 +119,5 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
         "buffer_groups": len(ctx.coord.completed),
         "mean_completion_tokens": sum(len(c.token_ids) for c in comps) / len(comps),
         "stop_frac": sum(c.finish_reason == "stop" for c in comps) / len(comps),
+        **check,
     }
