@@ -84,7 +84,7 @@ class NodeAgent:
 
     async def _with_progress(self, label: str, fn, *args):
         """``await fn(*args)``, saying ``label`` with the time spent if it takes long."""
-        result = None
+        result, error = None, None
 
         async def ticker() -> None:
             t0 = time.perf_counter()
@@ -97,8 +97,12 @@ class NodeAgent:
             nursery.start_soon(ticker)
             try:
                 result = await fn(*args)
+            except Exception as e:  # raised outside the nursery, so the caller sees it, not a group
+                error = e
             finally:
                 nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
         return result
 
     async def run(self, host) -> None:
