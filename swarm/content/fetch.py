@@ -133,6 +133,12 @@ class ModelFetcher:
         s = self.settings
         self._spawn(nursery, PeerRef(self.learner_peer, []))
         while True:
+            if self.report is not None and self.copy.count():
+                try:
+                    with trio.fail_after(s.request_timeout_s):
+                        await self.report(self)
+                except (SwarmError, WireError, trio.TooSlowError) as e:
+                    log.info("progress report failed: %s", e)
             try:
                 with trio.fail_after(s.request_timeout_s):
                     refs = await self.holders()
@@ -141,12 +147,6 @@ class ModelFetcher:
                 refs = []
             for ref in refs:
                 self._spawn(nursery, ref)
-            if self.report is not None:
-                try:
-                    with trio.fail_after(s.request_timeout_s):
-                        await self.report(self)
-                except (SwarmError, WireError, trio.TooSlowError) as e:
-                    log.info("progress report failed: %s", e)
             await trio.sleep(s.holder_refresh_s)
 
     def _spawn(self, nursery: trio.Nursery, ref: PeerRef) -> None:

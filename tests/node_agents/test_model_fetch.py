@@ -101,7 +101,7 @@ def test_two_nodes_fetch_at_once_and_trade_chunks(tmp_path, model_file):
                 open_host(tmp_path / "B", listen_addr=LOOPBACK) as bh:
             serve = await start_model_serve(lh, model_file, "tiny", chunk_bytes=CHUNK)
             serve.server.max_reply_bytes = CHUNK  # one slow chunk per reply: the learner is the slow source
-            slow(serve.server, 0.02)
+            slow(serve.server, 0.05)
             results = {}
 
             async def node(h, name):
