@@ -85,6 +85,7 @@ class Trainer(RankShardingMixin):
             self.compute.share_prompt = False
         if self.compute.fsdp and self.dist is not None:
             shard_base_fsdp(self.model.get_base_model(), self.params)
+            self.compute.share_prompt = False  # one decoder call per pass: ranks pad passes 1:1
         self.optimizer = torch.optim.AdamW(self.params, lr=self.optim_cfg.lr, betas=tuple(self.optim_cfg.betas),
                                            eps=self.optim_cfg.eps, weight_decay=self.optim_cfg.weight_decay)
 

@@ -49,11 +49,13 @@ class RankShardingMixin:
         from learner.distributed import all_gather_object
 
         local = self._local_indices(batch)
-        mine = dict(zip(local, self.logprobs([batch[i] for i in local]))) if local else {}
-        if self.compute.fsdp:  # keep the passes in step (see _rank_micro_batches)
+        padding = 0
+        if self.compute.fsdp:  # agree on the pass count first (see _rank_micro_batches)
             mine_n = len(self._micro_batches([batch[i] for i in local])) if local else 0
-            for _ in range(self._max_over_ranks(mine_n) - mine_n):
-                self.logprobs([batch[0]])
+            padding = self._max_over_ranks(mine_n) - mine_n
+        mine = dict(zip(local, self.logprobs([batch[i] for i in local]))) if local else {}
+        for _ in range(padding):
+            self.logprobs([batch[0]])
         merged: dict[int, np.ndarray] = {}
         for part in all_gather_object(self.dist, mine):
             merged.update(part)

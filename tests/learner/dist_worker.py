@@ -38,6 +38,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--resume", type=Path, default=None)
     ap.add_argument("--save-at", type=int, default=0, help="write a checkpoint after this many steps")
+    ap.add_argument("--fsdp", action="store_true", help="shard the frozen base with FSDP")
+    ap.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing")
     ap.add_argument("--skip-allreduce", action="store_true", help="negative control: no gradient all-reduce")
     a = ap.parse_args()
     ctx = D.init("cpu", timeout_s=120)
@@ -45,7 +47,8 @@ def main() -> int:
         D.all_reduce_grads = lambda ctx, params: None
     tr = Trainer(ResolvedModel("tiny", None, a.model), LoraConfig(rank=4, alpha=8),
                  OptimConfig(lr=1e-2, minibatches=UPDATES), LossConfig(kind="decoupled"),
-                 ComputeConfig(micro_batch_size=4, bf16_autocast=False, torch_threads=1), seed=0, dist=ctx)
+                 ComputeConfig(micro_batch_size=4, bf16_autocast=False, torch_threads=1, fsdp=a.fsdp,
+                               grad_checkpointing=a.grad_ckpt), seed=0, dist=ctx)
     a.out.mkdir(parents=True, exist_ok=True)
     if ctx.is_main:
         trainer = D.wrap_for_ranks(tr)

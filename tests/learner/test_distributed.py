@@ -124,12 +124,16 @@ def test_two_gloo_ranks_match_one_rank_and_resume_with_another_rank_count(tiny_d
 
 
 @pytest.mark.slow
-def test_the_comparison_fails_without_the_gradient_all_reduce(tiny_dir, tmp_path):
-    """Negative control of the test above: ranks that skip the all-reduce end elsewhere."""
+def test_fsdp_and_grad_checkpointing_match_one_rank_and_the_check_fails_without_all_reduce(tiny_dir, tmp_path):
+    """FSDP-sharded base (+ gradient checkpointing) on 2 gloo ranks ends with the 1-rank adapter;
+    negative control: ranks that skip the all-reduce end elsewhere."""
     m = ["--model", str(tiny_dir), "--steps", "2"]
     torchrun(1, *m, "--out", str(tmp_path / "one"), cwd=tmp_path)
-    torchrun(2, *m, "--out", str(tmp_path / "noreduce"), "--skip-allreduce", cwd=tmp_path)
     one = adapter(tmp_path / "one" / "adapter_rank0.pt")
+    torchrun(2, *m, "--out", str(tmp_path / "fsdp"), "--fsdp", "--grad-ckpt", cwd=tmp_path)
+    assert max_diff(one, adapter(tmp_path / "fsdp" / "adapter_rank0.pt")) < 1e-5
+    assert max_diff(one, adapter(tmp_path / "fsdp" / "adapter_rank1.pt")) < 1e-5
+    torchrun(2, *m, "--out", str(tmp_path / "noreduce"), "--skip-allreduce", cwd=tmp_path)
     assert max_diff(one, adapter(tmp_path / "noreduce" / "adapter_rank0.pt")) > 1e-3
 
 

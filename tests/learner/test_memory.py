@@ -62,3 +62,53 @@ def test_checkpointing_admits_larger_micro_batches():
 def test_bad_lengths_are_rejected(bad):
     with pytest.raises(ValueError):
         plan_micro_batch(QWEN_1_5B, bad, GIB)
+
+
+# -- the trainer's use of the planner (tiny random Llama, in-process) ---------------------------
+@pytest.fixture(scope="module")
+def tiny_trainer(tmp_path_factory):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from learner.models import ResolvedModel
+    from learner.trainer import ComputeConfig, LoraConfig, OptimConfig, Trainer
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    d = tmp_path_factory.mktemp("tiny")
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    return Trainer(ResolvedModel("tiny", None, d), LoraConfig(rank=4, alpha=8), OptimConfig(lr=1e-2),
+                   compute=ComputeConfig(micro_batch_size=0, bf16_autocast=False, torch_threads=1))
+
+
+def batch_of(n, p=6, c=4):
+    from learner.trainer import TrainSample
+
+    return [TrainSample([3 + i] * p, [5] * c, [-1.0] * c, 1.0 if i % 2 else -1.0) for i in range(n)]
+
+
+def test_trainer_plans_micro_batches_from_free_memory(tiny_trainer, monkeypatch):
+    import learner.placement as placement
+
+    batch = batch_of(6)
+    per = sequence_bytes(tiny_trainer.shape, 10, 4, act_bytes=4)
+    monkeypatch.setattr(placement, "free_memory_bytes", lambda device: int(2.5 * per / 0.8))
+    assert tiny_trainer.micro_batch_size(batch) == 2
+    assert [len(m) for m in tiny_trainer._micro_batches(batch)] == [2, 2, 2]
+    stats = tiny_trainer.train_step(batch)
+    assert stats["sequences"] == 6 and stats["loss"] == stats["loss"]
+    assert "micro-batch auto" in tiny_trainer.describe() and "LoRA float32" in tiny_trainer.describe()
+
+
+def test_a_sequence_too_long_for_memory_is_a_clear_error_and_the_trainer_survives(tiny_trainer, monkeypatch):
+    import learner.placement as placement
+
+    before = {k: v.copy() for k, v in tiny_trainer.export_adapter(0).tensors.items()}
+    monkeypatch.setattr(placement, "free_memory_bytes", lambda device: 1000)
+    with pytest.raises(SequenceTooLongError, match="10 tokens"):
+        tiny_trainer.train_step(batch_of(2))
+    after = tiny_trainer.export_adapter(0).tensors
+    assert all((after[k] == before[k]).all() for k in before)  # nothing half-applied
+    monkeypatch.setattr(placement, "free_memory_bytes", lambda device: 10 * GIB)
+    tiny_trainer.train_step(batch_of(2))
