@@ -1,0 +1,250 @@
+"""Torch stages over real libp2p hosts (one process, a tiny random Llama): parity with the whole
+model, base and LoRA, 2 and 3 stages; refusals (wrong range, stale version, an adapter swapped
+mid-generation); the stage survives bad input. Quick: the model has 6 layers of width 64.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import numpy as np
+import pytest
+import trio
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
+
+N_LAYERS = 6
+TOL = 1e-4
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=N_LAYERS,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                      tie_word_embeddings=True, eos_token_id=2, bos_token_id=1)
+    model = LlamaForCausalLM(cfg).eval()
+    d = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(d)
+    return d
+
+
+def tiny_adapter(version: int, seed: int = 3):
+    from node_agents.backends.base import LoraAdapter
+
+    rng = np.random.default_rng(seed)
+    shapes = {"self_attn.q_proj": (64, 64), "self_attn.k_proj": (64, 32), "self_attn.v_proj": (64, 32),
+              "self_attn.o_proj": (64, 64), "mlp.gate_proj": (64, 128), "mlp.up_proj": (64, 128),
+              "mlp.down_proj": (128, 64)}
+    tensors = {}
+    for layer in range(N_LAYERS):
+        for mod, (fi, fo) in shapes.items():
+            stem = f"base_model.model.model.layers.{layer}.{mod}"
+            tensors[f"{stem}.lora_A.weight"] = (rng.standard_normal((4, fi)) / 8).astype(np.float32)
+            tensors[f"{stem}.lora_B.weight"] = (rng.standard_normal((fo, 4)) * 0.2).astype(np.float32)
+    return LoraAdapter(version=version, rank=4, alpha=8.0, target_modules=list(TARGETS), tensors=tensors)
+
+
+@pytest.fixture(scope="module")
+def whole(tiny_dir):
+    from node_agents.backends.torch_backend import TorchBackend
+
+    return TorchBackend(tiny_dir, n_ctx=128, threads=1)
+
+
+def _stages(tiny_dir, ranges, adapter):
+    from node_agents.stages.torch_stage import TorchStage
+
+    out = [TorchStage(tiny_dir, a, b, threads=1) for a, b in ranges]
+    for s in out:
+        s.set_adapter(adapter)
+    return out
+
+
+async def _serve_and_run(tmp_path, executors, body):
+    """Start one host per stage and a head host; run ``body(head, route)``."""
+    from node_agents.stages.head import RouteStage
+    from swarm.host import open_host
+    from swarm.pipeline.server import serve_stage
+
+    async with AsyncExitStack() as stack:
+        route = []
+        for i, ex in enumerate(executors):
+            host = await stack.enter_async_context(open_host(tmp_path / f"stage{i}"))
+            serve_stage(host, ex)
+            route.append((host, RouteStage(host.peer_id, ex.start, ex.end)))
+        head = await stack.enter_async_context(open_host(tmp_path / "head"))
+        for host, _ in route:
+            await head.connect(host.addrs[0])
+        return await body(head, [r for _, r in route])
+
+
+def _go(tmp_path, executors, body):
+    try:
+        return trio.run(_serve_and_run, tmp_path, executors, body)
+    except BaseExceptionGroup as eg:
+        leaves = list(_leaves(eg))
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(eg):
+    for e in eg.exceptions:
+        yield from (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+
+
+PROMPT = [1, 17, 42, 99, 123, 250, 7, 8, 9, 10]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["base", "lora"])
+@pytest.mark.parametrize("ranges", [[(0, 2), (2, 6)], [(0, 1), (1, 4), (4, 6)]], ids=["2-stage", "3-stage"])
+def test_parity_with_whole_model(tiny_dir, whole, tmp_path, lora, ranges):
+    from node_agents.backends.base import SamplingParams
+    from node_agents.backends.eog import eog_token_ids
+    from node_agents.stages.head import HeadStats, generate_over_route
+
+    adapter = tiny_adapter(5) if lora else None
+    whole.set_adapter(adapter)
+    version = 5 if lora else -1
+    executors = _stages(tiny_dir, ranges, adapter)
+    cases = [SamplingParams(temperature=0.0, max_tokens=12, seed=1),
+             SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=9)]
+    stats = HeadStats()
+
+    async def body(head, route):
+        out = []
+        for p in cases:
+            out.append(await generate_over_route(head, route, N_LAYERS, PROMPT, 5, p, version,
+                                                 eog=eog_token_ids(tiny_dir), n_ctx=128, stats=stats))
+        return out
+
+    for p, got in zip(cases, _go(tmp_path, executors, body)):
+        ref = whole.generate_group(PROMPT, 5, p)
+        assert [c.token_ids for c in got] == [c.token_ids for c in ref]
+        assert [c.finish_reason for c in got] == [c.finish_reason for c in ref]
+        diff = max(float(np.max(np.abs(np.subtract(a.logprobs, b.logprobs)))) for a, b in zip(got, ref) if a.logprobs)
+        assert diff < TOL
+    assert stats.tokens > 0 and all(b > 0 for b in stats.busy_s) and all(b > 0 for b in stats.bytes_in)
+
+
+def test_refusals_and_mid_generation_swap(tiny_dir, tmp_path):
+    from node_agents.backends.base import SamplingParams
+    from node_agents.backends.eog import eog_token_ids
+    from node_agents.stages.head import RouteStage, generate_group, generate_over_route
+    from swarm.pipeline.client import StageError, open_stage_link
+    from swarm.pipeline.proto import StageOpen
+
+    v1, v2 = tiny_adapter(1), tiny_adapter(2, seed=4)
+    executors = _stages(tiny_dir, [(0, 3), (3, 6)], v1)
+    eog = eog_token_ids(tiny_dir)
+    p = SamplingParams(temperature=0.0, max_tokens=6)
+
+    async def body(head, route):
+        errors = []
+        wrong = [RouteStage(route[0].peer_id, 0, 2), RouteStage(route[1].peer_id, 2, 6)]
+        for r, version in ((wrong, 1), (route, 2)):
+            try:
+                await generate_over_route(head, r, N_LAYERS, PROMPT, 2, p, version, eog=eog, n_ctx=128)
+            except StageError as e:
+                errors.append(e)
+        # the second stage swaps to v2 after the prompt: the next step is refused there
+        async with AsyncExitStack() as stack:
+            links = []
+            for st in route:
+                req = StageOpen(session_id="swap", start=st.start, end=st.end, adapter_version=1, batch=2,
+                                max_len=32, temperature=0.0)
+                links.append(await stack.enter_async_context(open_stage_link(head, st.peer_id, req)))
+
+            class Swapping:
+                def __init__(self, link, st):
+                    self.link, self.start, self.end, self.calls = link, st.start, st.end, 0
+
+                async def forward(self, msg):
+                    self.calls += 1
+                    if self.calls == 2 and self.start == 3:
+                        executors[1].set_adapter(v2)
+                    return await self.link.forward(msg)
+
+            try:
+                await generate_group([Swapping(l, s) for l, s in zip(links, route)], PROMPT, 2, p, 1, eog=eog,
+                                     n_ctx=128)
+            except StageError as e:
+                errors.append(e)
+        # the stages still serve after all that
+        executors[1].set_adapter(v1)
+        ok = await generate_over_route(head, route, N_LAYERS, PROMPT, 2, p, 1, eog=eog, n_ctx=128)
+        return errors, ok
+
+    errors, ok = _go(tmp_path, executors, body)
+    assert len(errors) == 3 and not any(e.lost for e in errors)
+    assert "wrong layer range" in str(errors[0])
+    assert "stale adapter version: asked for 2, this stage holds 1" in str(errors[1])
+    assert "stale adapter version: asked for 1, this stage holds 2" in str(errors[2])
+    assert len(ok) == 2 and all(len(c.token_ids) == 6 or c.finish_reason == "stop" for c in ok)
+
+
+def test_stage_rejects_bad_frames_and_keeps_serving(tiny_dir, tmp_path):
+    from node_agents.backends.base import SamplingParams
+    from node_agents.backends.eog import eog_token_ids
+    from node_agents.stages.head import generate_over_route
+    from swarm.framing import write_frame, read_frame
+    from swarm.pipeline.client import StageError, open_stage_link
+    from swarm.pipeline.proto import PIPELINE, StageForward, StageOpen, TensorBlob
+
+    executors = _stages(tiny_dir, [(0, 3), (3, 6)], None)
+
+    async def body(head, route):
+        replies = []
+        # garbage instead of an open frame: error envelope, stream closed
+        s = await head.open_stream(route[1].peer_id, PIPELINE)
+        await write_frame(s, {"nonsense": 1}, timeout=5)
+        replies.append(await read_frame(s, timeout=5))
+        await s.close()
+        # a hidden-state tensor whose bytes do not match its shape
+        req = StageOpen(session_id="bad", start=3, end=6, adapter_version=-1, batch=1, max_len=16)
+        async with open_stage_link(head, route[1].peer_id, req) as link:
+            blob = TensorBlob(dtype="float32", shape=[1, 2, 64], data=b"\0" * 12)
+            try:
+                await link.forward(StageForward(step=0, start=3, end=6, adapter_version=-1, hidden=blob,
+                                                position_ids=[0, 1]))
+            except StageError as e:
+                replies.append(str(e))
+        # wrong hidden width, well-formed bytes
+        async with open_stage_link(head, route[1].peer_id, req) as link:
+            blob = TensorBlob(dtype="float32", shape=[1, 2, 8], data=b"\0" * 64)
+            try:
+                await link.forward(StageForward(step=0, start=3, end=6, adapter_version=-1, hidden=blob,
+                                                position_ids=[0, 1]))
+            except StageError as e:
+                replies.append(str(e))
+        got = await generate_over_route(head, route, N_LAYERS, PROMPT, 1, SamplingParams(temperature=0.0, max_tokens=3),
+                                        -1, eog=eog_token_ids(tiny_dir), n_ctx=128)
+        return replies, got
+
+    replies, got = _go(tmp_path, executors, body)
+    assert replies[0]["ok"] is False and "invalid open" in replies[0]["error"]
+    assert "needs 512 bytes, got 12" in replies[1]
+    assert "expected [rows, tokens, 64]" in replies[2]
+    assert len(got[0].token_ids) >= 1
+
+
+def test_stage_loads_only_its_layers(tiny_dir):
+    from node_agents.stages.torch_stage import TorchStage
+
+    mid = TorchStage(tiny_dir, 2, 4)
+    first = TorchStage(tiny_dir, 0, 2)
+    full = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(tiny_dir).parameters())
+    per_layer = (full - 300 * 64 - 64) // N_LAYERS  # tied head: embedding once, final norm once
+    assert mid.weight_bytes == 2 * per_layer * 4
+    assert first.weight_bytes == (2 * per_layer + 300 * 64) * 4
+    meta = [n for n, p in mid._skeleton.named_parameters() if p.device.type != "meta"]
+    assert all(n.startswith(("model.layers.2.", "model.layers.3.")) for n in meta)
+    with pytest.raises(ValueError):
+        TorchStage(tiny_dir, 4, 9)
