@@ -6,6 +6,8 @@ restarts) and its run's name (stable for a given config), plus its DHT presence.
   the hash covers the resolved config minus what differs between machines or launches of
   the same run (``[network]``, ``[dashboard]``, ``[run]``).
 - :func:`announce_run`: serve ``run-info`` and provide the run's learner key in the DHT.
+- :func:`keep_peers` / :func:`join_swarm`: the nodes' addresses are kept beside the key, so a
+  restarted learner (even on another port) rejoins the DHT through them and re-announces itself.
 """
 
 from __future__ import annotations
@@ -55,17 +57,79 @@ async def announce_run(host, discovery, name: str) -> None:
     await discovery.provide(run_key(name, "learner"))
 
 
-async def join_swarm(host, discovery, bootstrap: list[str], console) -> None:
-    """Join an existing swarm's DHT through the first live ``bootstrap`` address (a
-    restarted learner re-announcing itself); a failure is reported, not fatal."""
+async def join_swarm(host, discovery, bootstrap: list[str], console, key_dir=None) -> None:
+    """Join an existing swarm's DHT through the first live address of ``bootstrap``, then of
+    the nodes remembered in ``key_dir`` (a restarted learner, maybe on another port, is
+    found again through them); a failure is reported, not fatal."""
     from swarm.discovery.bootstrap import NoBootstrap, connect_first
 
-    if not bootstrap:
+    remembered = [a for a in remembered_peers(key_dir) if a not in bootstrap] if key_dir else []
+    if not bootstrap and not remembered:
         return
     try:
-        peer = await connect_first(host, bootstrap, lambda text: console(f"learner: {text}"))
+        peer = await connect_first(host, bootstrap, lambda text: console(f"learner: {text}")) if bootstrap else ""
     except NoBootstrap as e:
-        console(f"learner: {e}; waiting for nodes to find us")
+        console(f"learner: {e}")
+        peer = ""
+    if not peer and remembered:
+        try:
+            peer = await connect_first(host, remembered, log.info)
+        except NoBootstrap:
+            log.info("none of the %d remembered nodes answered", len(remembered))
+    if not peer:
+        console("learner: waiting for nodes to find us")
         return
     await discovery.add_peer(peer)
     console(f"learner: joined the swarm's DHT through {peer[-6:]}")
+
+
+#: File in the learner's key dir: addresses of nodes seen in hellos (to rejoin the DHT after a restart).
+PEERS_FILE = "peers.json"
+#: Most nodes remembered, and most addresses kept per node.
+MAX_REMEMBERED_PEERS = 32
+MAX_ADDRS_PER_PEER = 4
+#: How often (s) the remembered nodes are written.
+REMEMBER_EVERY_S = 30.0
+
+
+def remembered_peers(key_dir) -> list[str]:
+    """Node addresses saved by :func:`keep_peers` (empty if none or unreadable)."""
+    path = Path(key_dir) / PEERS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as e:
+        log.warning("ignoring %s: %s", path, e)
+        return []
+    if not isinstance(data, list):
+        return []
+    return [a for a in data if isinstance(a, str) and "/p2p/" in a]
+
+
+def peers_to_remember(addrs_by_peer: dict[str, list[str]]) -> list[str]:
+    """At most ``MAX_REMEMBERED_PEERS`` nodes, ``MAX_ADDRS_PER_PEER`` addresses each (pure)."""
+    out: list[str] = []
+    for _peer, addrs in list(addrs_by_peer.items())[-MAX_REMEMBERED_PEERS:]:
+        out += [a for a in addrs if "/p2p/" in a][:MAX_ADDRS_PER_PEER]
+    return out
+
+
+async def keep_peers(key_dir, service, every_s: float = REMEMBER_EVERY_S) -> None:
+    """Save the addresses of the nodes that said hello to ``key_dir/peers.json`` whenever
+    they changed, checked every ``every_s`` seconds (run it in a nursery)."""
+    import trio
+
+    path = Path(key_dir) / PEERS_FILE
+    last: list[str] = []
+    while True:
+        await trio.sleep(every_s)
+        addrs = peers_to_remember({p: list(n.hello.addrs) for p, n in service.nodes.items()})
+        if addrs and addrs != last:
+            tmp = path.with_name(f".{PEERS_FILE}.tmp")
+            try:
+                tmp.write_text(json.dumps(addrs, indent=0))
+                tmp.replace(path)
+                last = addrs
+            except OSError as e:
+                log.warning("cannot write %s: %s", path, e)

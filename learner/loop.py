@@ -126,7 +126,7 @@ async def run_learner(
     from swarm.host import HostConfig, open_host
     from learner.episodes import episode_settings, make_verifier, run_task
 
-    from learner.identity import announce_run, join_swarm, run_name
+    from learner.identity import announce_run, join_swarm, keep_peers, run_name
     from swarm.discovery.dht import open_discovery
 
     name = run_name(cfg)
@@ -195,7 +195,8 @@ async def run_learner(
 
             await start_learner_dashboard(nursery, cfg, service, metrics, state, run_dir, console)
             service.publish(adapter_reply(trainer.export_adapter(state.version)))
-            await join_swarm(host, discovery, cfg.network.bootstrap, console)
+            nursery.start_soon(join_swarm, host, discovery, cfg.network.bootstrap, console, identity_dir)
+            nursery.start_soon(keep_peers, identity_dir, service)  # remembered for the next start
             await announce_run(host, discovery, name)
             console(f"learner: listening on {host.peer_id} {' '.join(host.addrs)}")
             console(f"learner: run {name}; join with `swarm-node join --bootstrap {host.addrs[0]}` "

@@ -10,7 +10,9 @@ and after every lost connection:
 3. The address that worked last time is tried first (a learner restarted with the same data
    dir keeps its peer id, usually its port); then the run's learner is looked up in the DHT
    (providers of ``run_key(run, "learner")``) and each provider's addresses are tried; last,
-   the learner addresses the bootstrap peer reported.
+   the learner addresses the bootstrap peer reported. A node that was given only
+   ``--learner`` uses the DHT too once it knows the run and other members (a learner that
+   came back on another port and rejoined the DHT through them).
 
 :func:`serve_run_info` registers the ``run-info`` answer on any member.
 """
@@ -97,16 +99,21 @@ class LearnerLocator:
             try:
                 return await self._dial(self.last_good)
             except (SwarmError, trio.TooSlowError, OSError) as e:
-                if not self.bootstrap:
+                if not self.bootstrap and not (self.run and self._in_dht()):
                     raise
                 log.info("learner at %s unreachable (%s); looking it up", self.last_good, e)
-        await self._ensure_bootstrap()
+        if self.bootstrap:
+            await self._ensure_bootstrap()
         for addr in await self._candidates():
             try:
                 return await self._dial(addr)
             except (SwarmError, trio.TooSlowError, OSError) as e:
                 log.info("learner candidate %s unreachable: %s", addr, e)
         raise LearnerNotFound(f"no reachable learner for run {self.run!r} (yet)")
+
+    def _in_dht(self) -> bool:
+        """Whether our DHT knows other members (then a moved learner can be looked up)."""
+        return self.discovery is not None and self.discovery.routing_table_size > 0
 
     async def _dial(self, addr: str) -> tuple[str, str]:
         with trio.fail_after(self.timeout_s):
