@@ -19,13 +19,17 @@ import time
 import uuid
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from node_agents.backends.base import SampledCompletion, SamplingParams
 from node_agents.backends.sampling import chunk_state, record_step
 from swarm.pipeline.client import LinkConfig, StageError, open_stage_link
 from swarm.pipeline.layers import check_route
 from swarm.pipeline.proto import StageForward, StageOpen, StageResult
+
+
+#: Most replacements of one hop within one generation.
+MAX_REPLAYS_PER_HOP = 3
 
 
 @dataclass
@@ -47,6 +51,8 @@ class HeadStats:
     #: Per link: bytes sent to / received from the stage.
     bytes_out: list[int] = field(default_factory=list)
     bytes_in: list[int] = field(default_factory=list)
+    #: Failovers: (stage index, step, lost peer id) for each replay into a replacement.
+    replays: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -54,17 +60,46 @@ class _Hop:
     link: Any
     start: int
     end: int
+    #: Every input sent to this hop in this generation, for replay into a replacement.
+    sent: list[StageForward] = field(default_factory=list)
+    replays: int = 0
 
 
-async def _through(hops: list[_Hop], step: int, version: int, token_ids: list[list[int]], positions: list[int],
-                   keep_rows: list[int] | None, expand: int, stats: HeadStats) -> StageResult:
+Replace = Callable[[int, StageError], Awaitable[Any]]
+
+
+async def _forward(hops: list["_Hop"], i: int, msg: StageForward, replace: Replace | None,
+                   stats: HeadStats) -> StageResult:
+    """Send ``msg`` to hop ``i``; when the stage is lost and ``replace`` finds another one
+    for the same range, replay every earlier input of that hop into it (rebuilding its KV
+    cache and sampler state), then send ``msg`` there."""
+    hop = hops[i]
+    hop.sent.append(msg)
+    while True:
+        try:
+            return await hop.link.forward(msg)
+        except StageError as err:
+            if not err.lost or replace is None or hop.replays >= MAX_REPLAYS_PER_HOP:
+                raise
+            link = await replace(i, err)
+            if link is None:
+                raise
+            hop.replays += 1
+            stats.replays.append((i, msg.step, err.peer_id))
+            for old in hop.sent[:-1]:
+                await link.forward(old)
+            hop.link = link
+
+
+async def _through(hops: list["_Hop"], step: int, version: int, token_ids: list[list[int]], positions: list[int],
+                   keep_rows: list[int] | None, expand: int, stats: HeadStats, replace: Replace | None) -> StageResult:
     hidden = None
     result: StageResult | None = None
     for i, hop in enumerate(hops):
         msg = StageForward(step=step, start=hop.start, end=hop.end, adapter_version=version,
                            token_ids=token_ids if i == 0 else [], hidden=hidden, position_ids=positions,
                            keep_rows=keep_rows, expand=expand)
-        result = await hop.link.forward(msg)
+        result = await _forward(hops, i, msg, replace, stats)
         stats.busy_s[i] += result.busy_s
         hidden = result.hidden
         if i < len(hops) - 1 and hidden is None:
@@ -75,9 +110,10 @@ async def _through(hops: list[_Hop], step: int, version: int, token_ids: list[li
 
 async def generate_group(links: list[Any], prompt_ids: list[int], n: int, params: SamplingParams, version: int,
                          *, eog: set[int] | frozenset[int], n_ctx: int,
-                         stats: HeadStats | None = None) -> list[SampledCompletion]:
+                         stats: HeadStats | None = None, replace: Replace | None = None) -> list[SampledCompletion]:
     """``n`` completions of ``prompt_ids`` through ``links`` (ordered stages, already opened
-    with ``batch=n`` and the sampling settings)."""
+    with ``batch=n`` and the sampling settings). ``replace(i, error)``, when given, returns an
+    opened link to another stage serving hop ``i``'s range (or None) after hop ``i`` is lost."""
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise ValueError("empty prompt")
@@ -89,7 +125,8 @@ async def generate_group(links: list[Any], prompt_ids: list[int], n: int, params
         return [SampledCompletion([], [], "length") for _ in range(n)]
     limit, _, tokens, logprobs, finish = state
     t0 = time.perf_counter()
-    res = await _through(hops, 0, version, [prompt], list(range(len(prompt))), None, n if n > 1 else 0, stats)
+    res = await _through(hops, 0, version, [prompt], list(range(len(prompt))), None, n if n > 1 else 0, stats,
+                         replace)
     active = list(range(n))
     pos, step = len(prompt), 1
     while True:
@@ -102,7 +139,8 @@ async def generate_group(links: list[Any], prompt_ids: list[int], n: int, params
             break
         keep = keep_rows if len(still) < len(active) else None
         active = still
-        res = await _through(hops, step, version, [[tokens[j][-1]] for j in active], [pos], keep, 0, stats)
+        res = await _through(hops, step, version, [[tokens[j][-1]] for j in active], [pos], keep, 0, stats,
+                             replace)
         pos += 1
         step += 1
     stats.steps += step
@@ -123,23 +161,42 @@ class _RouteLink:
 async def generate_over_route(host: Any, route: list[RouteStage], n_layers: int, prompt_ids: list[int], n: int,
                               params: SamplingParams, version: int, *, eog: set[int] | frozenset[int],
                               n_ctx: int, wire_dtype: str = "float32", config: LinkConfig | None = None,
-                              stats: HeadStats | None = None) -> list[SampledCompletion]:
+                              stats: HeadStats | None = None,
+                              spares: list[RouteStage] | None = None) -> list[SampledCompletion]:
     """Open a session on every stage of ``route`` (over ``host``, a ``SwarmHost``), generate
-    one group, close the sessions. Raises :class:`StageError` on a refusal or a lost stage."""
+    one group, close the sessions. A lost stage is replaced by the first unused ``spares``
+    entry serving the same range, replayed from the head's copy of its inputs (Petals'
+    method; ``stats.replays`` records it). Raises :class:`StageError` on a refusal, or on a
+    loss with no replacement left."""
     check_route([(s.start, s.end) for s in route], n_layers)
     stats = stats if stats is not None else HeadStats()
     session = uuid.uuid4().hex
     max_len = min(n_ctx, len(prompt_ids) + params.max_tokens)
     async with AsyncExitStack() as stack:
         links = []
-        for stage in route:
-            req = StageOpen(session_id=session, start=stage.start, end=stage.end, adapter_version=version, batch=n,
-                            max_len=max_len, wire_dtype=wire_dtype, temperature=params.temperature,
-                            top_p=params.top_p, seed=int(params.seed) % (1 << 64))
-            link = await stack.enter_async_context(open_stage_link(host, stage.peer_id, req, config))
-            links.append(link)
+        opens = [StageOpen(session_id=session, start=st.start, end=st.end, adapter_version=version, batch=n,
+                           max_len=max_len, wire_dtype=wire_dtype, temperature=params.temperature,
+                           top_p=params.top_p, seed=int(params.seed) % (1 << 64)) for st in route]
+        for stage, req in zip(route, opens):
+            links.append(await stack.enter_async_context(open_stage_link(host, stage.peer_id, req, config)))
+        unused = list(spares or [])
+
+        async def replace(i: int, err: StageError):
+            want = route[i]
+            for cand in list(unused):
+                if (cand.start, cand.end) != (want.start, want.end) or cand.peer_id == err.peer_id:
+                    continue
+                unused.remove(cand)
+                try:
+                    link = await stack.enter_async_context(open_stage_link(host, cand.peer_id, opens[i], config))
+                except StageError:
+                    continue
+                links.append(link)
+                return _RouteLink(link, cand)
+            return None
+
         out = await generate_group([_RouteLink(l, s) for l, s in zip(links, route)], prompt_ids, n, params, version,
-                                   eog=eog, n_ctx=n_ctx, stats=stats)
+                                   eog=eog, n_ctx=n_ctx, stats=stats, replace=replace)
         stats.bytes_out = [l.bytes_out for l in links]
         stats.bytes_in = [l.bytes_in for l in links]
         return out

@@ -8,8 +8,8 @@
 
 Every wait is bounded (``LinkConfig``). A refusal arrives as :class:`StageError` with the
 stage's reason; a stage that dies or freezes shows up as :class:`StageError` too (``lost``
-set), which is where failover by replay will hook in. The link keeps every forward it sent
-(``link.sent``) so a replacement stage can be rebuilt from them.
+set); the head then replays its copy of the stage's inputs into a replacement
+(``node_agents.stages.head``).
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ class LinkConfig:
     max_frame_bytes: int = 256 * 1024 * 1024
     #: Frames above this size are zstd-compressed (default: never, see the server's setting).
     compress_threshold: int = 1 << 62
-    #: Keep every forward sent (the inputs for replay into a replacement stage).
-    keep_inputs: bool = True
 
 
 class StageError(SwarmError):
@@ -71,7 +69,6 @@ class StageLink:
         self.peer_id = peer_id
         self.config = config
         self.opened: StageOpened | None = None
-        self.sent: list[StageForward] = []
         #: Bytes of frames written and read on this link (for bytes-per-token accounting).
         self.bytes_out = 0
         self.bytes_in = 0
@@ -97,8 +94,6 @@ class StageLink:
         return self.opened
 
     async def forward(self, req: StageForward) -> StageResult:
-        if self.config.keep_inputs:
-            self.sent.append(req)
         return await self._call(req, StageResult, self.config.step_timeout_s)
 
 

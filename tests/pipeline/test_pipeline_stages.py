@@ -248,3 +248,66 @@ def test_stage_loads_only_its_layers(tiny_dir):
     assert all(n.startswith(("model.layers.2.", "model.layers.3.")) for n in meta)
     with pytest.raises(ValueError):
         TorchStage(tiny_dir, 4, 9)
+
+
+def test_lost_stage_is_replayed_into_a_spare(tiny_dir, whole, tmp_path):
+    """The last stage's host dies mid-generation; the head replays that stage's inputs into a
+    spare serving the same range and the group comes out as the whole model's."""
+    from node_agents.backends.base import SamplingParams
+    from node_agents.backends.eog import eog_token_ids
+    from node_agents.stages import head as head_mod
+    from node_agents.stages.head import HeadStats, RouteStage, generate_over_route
+    from swarm.host import open_host
+    from swarm.pipeline.client import StageError
+    from swarm.pipeline.server import serve_stage
+
+    adapter = tiny_adapter(5)
+    whole.set_adapter(adapter)
+    ex = _stages(tiny_dir, [(0, 3), (3, 6), (3, 6)], adapter)
+    p = SamplingParams(temperature=1.0, max_tokens=10, seed=4)
+    eog = eog_token_ids(tiny_dir)
+    stats = HeadStats()
+
+    async def stage_host(i, task_status=trio.TASK_STATUS_IGNORED):
+        with trio.CancelScope() as cs:
+            async with open_host(tmp_path / f"s{i}") as host:
+                serve_stage(host, ex[i])
+                task_status.started((host, cs))
+                await trio.sleep_forever()
+
+    out = {}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            hosts = [await nursery.start(stage_host, i) for i in range(3)]
+            async with open_host(tmp_path / "head") as head:
+                for h, _ in hosts:
+                    await head.connect(h.addrs[0])
+                route = [RouteStage(hosts[0][0].peer_id, 0, 3), RouteStage(hosts[1][0].peer_id, 3, 6)]
+                spare = [RouteStage(hosts[2][0].peer_id, 3, 6)]
+                orig = head_mod._forward
+
+                async def killing_forward(hops, i, msg, replace, st):
+                    if i == 1 and msg.step == 4 and not st.replays:
+                        hosts[1][1].cancel()  # the stage's host shuts down, connections close
+                        await trio.sleep(0.5)
+                    return await orig(hops, i, msg, replace, st)
+
+                head_mod._forward = killing_forward
+                try:
+                    got = await generate_over_route(head, route, N_LAYERS, PROMPT, 3, p, 5, eog=eog, n_ctx=128,
+                                                    stats=stats, spares=spare)
+                    with pytest.raises(StageError) as e:  # no spare left: the loss surfaces
+                        await generate_over_route(head, route, N_LAYERS, PROMPT, 3, p, 5, eog=eog, n_ctx=128)
+                finally:
+                    head_mod._forward = orig
+                out["got"], out["err"] = got, e.value
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    got, err = out["got"], out["err"]
+    ref = whole.generate_group(PROMPT, 3, p)
+    assert [c.token_ids for c in got] == [c.token_ids for c in ref]
+    assert max(float(np.max(np.abs(np.subtract(a.logprobs, b.logprobs)))) for a, b in zip(got, ref)) < TOL
+    assert [(i, step) for i, step, _ in stats.replays] == [(1, 4)]
+    assert err.lost
