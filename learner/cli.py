@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     if not args.verbose:  # py-libp2p logs every failed DHT dial (to a gone peer) as a warning or error
-        logging.getLogger("libp2p").setLevel(logging.CRITICAL)
+        from swarm.quiet import quiet_libp2p
+
+        quiet_libp2p()
     from learner.config import LearnerConfig
     from swarm.config import ConfigError, load_config
 

@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"swarm-node: {problem}", file=sys.stderr)
         return 2
     if not args.verbose:  # py-libp2p logs every failed DHT dial (to a gone peer) as a warning or error
-        logging.getLogger("libp2p").setLevel(logging.CRITICAL)
+        from swarm.quiet import quiet_libp2p
+
+        quiet_libp2p()
     try:
         return join(cfg, args.name)
     except KeyboardInterrupt:
