@@ -116,9 +116,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+    from transformers import AutoConfig
+
     src_dir, name = str(gguf_path.parent), gguf_path.name
+    config = AutoConfig.from_pretrained(src_dir, gguf_file=name)
+    for key, value in gguf_config_overrides(gguf_path).items():
+        setattr(config, key, value)
     model = AutoModelForCausalLM.from_pretrained(
-        src_dir, gguf_file=name, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32)
+        src_dir, gguf_file=name, config=config, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32)
     model.save_pretrained(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
     tokenizer.save_pretrained(out_dir)
@@ -126,6 +131,33 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     st = gguf_path.stat()
     (out_dir / CONVERSION_MARKER).write_text(json.dumps(
         {"gguf": str(gguf_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "dtype": "float32"}, indent=2))
+
+
+def config_overrides(arch: str, meta: dict, tensor_names: set[str]) -> dict:
+    """Config fields transformers' GGUF loader gets wrong for ``arch`` (pure).
+
+    ``head_dim`` comes from ``<arch>.attention.key_length`` (transformers maps it for few
+    architectures and otherwise assumes 128, wrong for a Qwen3 whose heads are not 128 wide).
+    A ``rope_freqs`` tensor means a scaled rope (Llama-3.1+) whose parameters the GGUF does
+    not keep and transformers would silently drop: refused, with what to do instead.
+    """
+    if "rope_freqs.weight" in tensor_names:
+        raise ValueError(f"this {arch} GGUF has a scaled rope (rope_freqs, e.g. Llama-3.1+) that cannot be "
+                         "turned back into an HF config: give the learner the model's HF directory instead "
+                         "(nodes convert it to GGUF themselves)")
+    key_length = meta.get(f"{arch}.attention.key_length")
+    return {"head_dim": int(key_length)} if key_length else {}
+
+
+def gguf_config_overrides(gguf_path: Path) -> dict:
+    """:func:`config_overrides` of the GGUF file ``gguf_path``."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = reader.get_field("general.architecture").contents()
+    field = reader.get_field(f"{arch}.attention.key_length")
+    meta = {f"{arch}.attention.key_length": field.contents()} if field is not None else {}
+    return config_overrides(arch, meta, {t.name for t in reader.tensors})
 
 
 def rope_theta_of(config: dict) -> float | None:

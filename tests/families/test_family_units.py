@@ -105,3 +105,30 @@ def test_converter_output_metadata(family_models):
         assert "<|im_start|>" in meta["tokenizer.chat_template"] or "<|start_header_id|>" in meta["tokenizer.chat_template"]
         assert meta["general.file_type"] == 0  # all F32
         assert meta[f"{arch}.attention.head_count_kv"] == fm.config["num_key_value_heads"]
+
+
+def test_gguf_config_overrides():
+    from node_agents.model_cache import config_overrides
+
+    assert config_overrides("qwen3", {"qwen3.attention.key_length": 16}, {"token_embd.weight"}) == {"head_dim": 16}
+    assert config_overrides("llama", {}, set()) == {}
+    with pytest.raises(ValueError, match="scaled rope .*HF directory"):
+        config_overrides("llama", {}, {"rope_freqs.weight"})
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_learner_side_gguf_to_hf_is_exact(family_models, family, tmp_path):
+    """The learner given a GGUF of the family dequantises it to the same model (transformers'
+    GGUF loader with the head_dim fix; a Qwen3 with 16-wide heads would fail without it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from node_agents.model_cache import convert_gguf
+
+    fm = family_models[family]
+    convert_gguf(fm.gguf, tmp_path)
+    ids = torch.tensor([[1, 5, 77, 300, 12, 9]])
+    with torch.no_grad():
+        a = AutoModelForCausalLM.from_pretrained(fm.hf_dir)(ids).logits
+        b = AutoModelForCausalLM.from_pretrained(tmp_path)(ids).logits
+    assert torch.equal(a, b)
