@@ -135,6 +135,10 @@ def summarise(run_dir: Path, total_s: float, node_backends: dict[str, str] | Non
         "demo_wall_s": round(total_s, 1),
         "rollouts_per_node": per_node,
     }
+    diffs = sorted({k for r in rows for k in r if k.startswith("behav_diff_")})  # train.behaviour_check
+    if diffs:
+        summary["behav_abs_logp_diff"] = {k[len("behav_diff_"):]: sum(r[k] for r in rows if k in r) /
+                                          sum(1 for r in rows if k in r) for k in diffs}
     if node_backends:
         per_backend: dict[str, int] = {}
         for peer, n in per_node.items():
@@ -153,5 +157,8 @@ def summarise(run_dir: Path, total_s: float, node_backends: dict[str, str] | Non
     print("demo: rollouts per node: " + ", ".join(f"{p[-6:]}={n}" for p, n in per_node.items()))
     if node_backends:
         print("demo: rollouts per backend: " + ", ".join(f"{b}={n}" for b, n in summary["rollouts_per_backend"].items()))
+    if diffs:
+        print("demo: mean |behaviour - learner recomputed| log-prob per token: " +
+              ", ".join(f"{b}={v:.2e}" for b, v in summary["behav_abs_logp_diff"].items()))
     print(f"demo: outputs in {run_dir}: metrics.jsonl, reward.png, adapter/, checkpoints/, summary.json")
     return 0
