@@ -58,6 +58,12 @@ class LearnerModelServe:
         self.server.add(ModelCopy(manifest, source=self.source))
         #: peer id -> its latest report.
         self.holders: dict[str, ModelHave] = {}
+        #: Name holders in manifest replies (False: every node fetches from the learner alone;
+        #: the baseline of ``swarm-bench model-fetch``).
+        self.share_holders = True
+        #: Monotonic times of the first manifest request and of each node's completion report.
+        self.first_request_at: float | None = None
+        self.completed_at: dict[str, float] = {}
         self._changed = trio.Event()
 
     @property
@@ -80,7 +86,9 @@ class LearnerModelServe:
         if msg.content_sha256 and msg.content_sha256 != self.content_sha256:
             return ModelManifestReply(reason=f"this run's model is {self.manifest.name} "
                                              f"(sha256 {short(self.content_sha256)}), not {short(msg.content_sha256)}")
-        return ModelManifestReply(self.manifest, self.holder_refs(exclude=peer_id))
+        if self.first_request_at is None:
+            self.first_request_at = trio.current_time()
+        return ModelManifestReply(self.manifest, self.holder_refs(exclude=peer_id) if self.share_holders else [])
 
     async def on_have(self, msg: ModelHave, peer_id: str) -> ModelHaveAck:
         if msg.content_sha256 != self.content_sha256:
@@ -89,6 +97,7 @@ class LearnerModelServe:
         before = self.holders.get(peer_id)
         self.holders[peer_id] = msg
         if msg.complete and (before is None or not before.complete):
+            self.completed_at[peer_id] = trio.current_time()
             peers = ", ".join(f"{p[-6:]}: {b / 1e6:.1f} MB" for p, b in sorted(msg.from_peers.items()))
             log.info("model: %s holds %s%s", peer_id[-6:], self.manifest.name,
                      f" (fetched in {msg.fetch_s:.1f} s from {peers})" if msg.from_peers else "")

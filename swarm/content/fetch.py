@@ -121,9 +121,16 @@ class ModelFetcher:
                 last = trio.current_time()
             self.fetch_s = time.monotonic() - self._t0
             nursery.cancel_scope.cancel()
-        if self.report is not None:
-            with trio.move_on_after(s.request_timeout_s):
+        await self._report()
+
+    async def _report(self) -> None:
+        if self.report is None:
+            return
+        try:
+            with trio.fail_after(self.settings.request_timeout_s):
                 await self.report(self)
+        except (SwarmError, WireError, trio.TooSlowError) as e:
+            log.info("progress report failed: %s", e)
 
     def _poke(self) -> None:
         self._progress_event.set()
@@ -131,14 +138,10 @@ class ModelFetcher:
 
     async def _refresh_loop(self, nursery: trio.Nursery) -> None:
         s = self.settings
-        self._spawn(nursery, PeerRef(self.learner_peer, []))
         while True:
-            if self.report is not None and self.copy.count():
-                try:
-                    with trio.fail_after(s.request_timeout_s):
-                        await self.report(self)
-                except (SwarmError, WireError, trio.TooSlowError) as e:
-                    log.info("progress report failed: %s", e)
+            self._spawn(nursery, PeerRef(self.learner_peer, []))  # again if its worker gave up
+            if self.copy.count():
+                await self._report()
             try:
                 with trio.fail_after(s.request_timeout_s):
                     refs = await self.holders()
