@@ -109,8 +109,8 @@ def network_runs(args) -> list[dict]:
             cmd = py + ["learner", "--nodes", str(n_max), "--trials", str(tmp / "trials.json"),
                         "--out", str(tmp / "rows.jsonl"), "--data-dir", str(tmp / "learner"),
                         "--listen", learner_addr, "--addr-file", str(tmp / "addr")]
-            learner = subprocess.Popen(tb.command(0, cmd), env=env, stdout=open(tmp / "learner.log", "w"),
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            learner = tb.popen(0, cmd, env=env, stdout=open(tmp / "learner.log", "w"),
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             procs.append(learner)
             deadline = time.monotonic() + 60
             while not (tmp / "addr").exists():
@@ -121,8 +121,8 @@ def network_runs(args) -> list[dict]:
             for i in range(1, n_max + 1):
                 cmd = py + ["node", "--learner", addr, "--run-id", "bench", "--data-dir", str(tmp / f"n{i}"),
                             "--listen", f"/ip4/{tb.ip(i)}/tcp/4001", "--upload-mbps", str(args.rate_mbit)]
-                procs.append(subprocess.Popen(tb.command(i, cmd), env=env, stdin=subprocess.PIPE,
-                                              stdout=open(tmp / f"n{i}.log", "w"), stderr=subprocess.STDOUT))
+                procs.append(tb.popen(i, cmd, env=env, stdin=subprocess.PIPE,
+                                      stdout=open(tmp / f"n{i}.log", "w"), stderr=subprocess.STDOUT))
             learner.wait()
         finally:
             from learner.demo import stop_processes
