@@ -5,11 +5,13 @@ adapter version exported and published through a real ``LearnerService``) is tim
 that alternate off/on/on/off (ABBA, so drift cancels). "On" means what a watched run does:
 the dashboard (Hypercorn + Starlette in the learner's trio loop) serves a browser-like client
 on the event stream (``/api/events``, at the configured update rate) while a scraper reads
-``/metrics`` and ``/api/snapshot`` every ``--scrape-s`` seconds. Every step also appends a
-metrics row and wakes the service, so each step pushes a fresh page to the client.
+``/metrics`` and ``/api/snapshot`` every ``--scrape-s`` seconds. The clients run in their own
+process, as a browser and Prometheus would. Every step also appends a metrics row and wakes
+the service, so each step pushes a fresh page to the client.
 
-Prints each arm's mean and median step time, the overhead in percent, the load average, and
-how many events and scrapes the clients received (proof they were connected throughout).
+Prints each arm's mean and median step time and the learner process's CPU time per step, the
+overhead in percent, the load average, and how many events and scrapes the clients received
+(proof they were connected throughout).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +41,7 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=2, help="learner steps per arm per round half")
     p.add_argument("--sequences", type=int, default=16, help="completions per learner step")
     p.add_argument("--tokens", type=int, default=48, help="tokens per completion")
-    p.add_argument("--scrape-s", type=float, default=1.0, help="seconds between /metrics + /api/snapshot reads")
+    p.add_argument("--scrape-s", type=float, default=5.0, help="seconds between /metrics + /api/snapshot reads")
     p.add_argument("--update-s", type=float, default=1.0, help="dashboard.min_update_s (event-stream rate limit)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
@@ -50,14 +54,51 @@ def make_batch(n: int, tokens: int, vocab: int, seed: int = 0) -> list[Sample]:
                    1.0 if i % 2 else -1.0) for i in range(n)]
 
 
-def summarise(times: dict[str, list[float]]) -> dict:
-    out = {arm: {"steps": len(ts), "mean_s": round(statistics.fmean(ts), 4),
-                 "median_s": round(statistics.median(ts), 4),
-                 "stdev_s": round(statistics.stdev(ts), 4) if len(ts) > 1 else 0.0} for arm, ts in times.items()}
-    off, on = out["off"]["mean_s"], out["on"]["mean_s"]
-    out["overhead_pct_mean"] = round(100 * (on - off) / off, 2)
-    out["overhead_pct_median"] = round(100 * (out["on"]["median_s"] - out["off"]["median_s"]) / out["off"]["median_s"], 2)
+def summarise(times: dict[str, list[float]], cpu: dict[str, list[float]]) -> dict:
+    """Per arm: step wall time (mean, median, stdev) and CPU time; the overheads of "on" in %."""
+    out: dict = {arm: {"steps": len(ts), "mean_s": round(statistics.fmean(ts), 4),
+                       "median_s": round(statistics.median(ts), 4),
+                       "stdev_s": round(statistics.stdev(ts), 4) if len(ts) > 1 else 0.0,
+                       "cpu_mean_s": round(statistics.fmean(cpu[arm]), 4)} for arm, ts in times.items()}
+    off, on = out["off"], out["on"]
+    out["overhead_pct_mean"] = round(100 * (on["mean_s"] - off["mean_s"]) / off["mean_s"], 2)
+    out["overhead_pct_median"] = round(100 * (on["median_s"] - off["median_s"]) / off["median_s"], 2)
+    out["cpu_overhead_pct"] = round(100 * (on["cpu_mean_s"] - off["cpu_mean_s"]) / off["cpu_mean_s"], 2)
     return out
+
+
+def client_main(url: str, scrape_s: float) -> None:
+    """The clients' process: an event-stream reader and a scraper; prints its counts as it goes."""
+    import httpx
+    import trio
+
+    counts = {"events": 0, "scrapes": 0}
+
+    def report() -> None:
+        print(json.dumps(counts), flush=True)
+
+    async def sse_client() -> None:
+        async with httpx.AsyncClient(timeout=None) as client, client.stream("GET", url + "api/events") as resp:
+            async for line in resp.aiter_lines():
+                if line.startswith("event: sections"):
+                    counts["events"] += 1
+                    report()
+
+    async def scraper() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            while True:
+                (await client.get(url + "metrics")).raise_for_status()
+                (await client.get(url + "api/snapshot")).raise_for_status()
+                counts["scrapes"] += 1
+                report()
+                await trio.sleep(scrape_s)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sse_client)
+            nursery.start_soon(scraper)
+
+    trio.run(main)
 
 
 def run(args) -> None:
@@ -67,7 +108,6 @@ def run(args) -> None:
 
 
 async def measure(args) -> dict:
-    import httpx
     import trio
 
     from learner.config import LearnerConfig
@@ -100,8 +140,11 @@ async def measure(args) -> dict:
                           started_at=time.time(), clock=trio.current_time)
     app = create_app(lambda: snapshot(src), service.wait_changed, cfg.dashboard.min_update_s)
     counts = {"events": 0, "scrapes": 0}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
 
-    async def step() -> float:
+    async def step() -> tuple[float, float]:
+        """One learner step; (wall, CPU) seconds."""
+        c0 = time.process_time()
         t0 = time.perf_counter()
         stats = await trio.to_thread.run_sync(trainer.train_step, batch)
         state.step += 1
@@ -113,30 +156,34 @@ async def measure(args) -> dict:
                              "train_s": dt, "step_time_s": dt, "wall_s": time.time() - src.started_at,
                              "clip_frac": stats.get("clip_frac", 0.0)})
         service.notify()
-        return dt
+        return dt, time.process_time() - c0
 
-    async def sse_client(url: str) -> None:
-        async with httpx.AsyncClient(timeout=None) as client, client.stream("GET", url + "api/events") as resp:
-            async for line in resp.aiter_lines():
-                counts["events"] += line.startswith("event: sections")
-
-    async def scraper(url: str) -> None:
-        async with httpx.AsyncClient(timeout=30) as client:
-            while True:
-                (await client.get(url + "metrics")).raise_for_status()
-                (await client.get(url + "api/snapshot")).raise_for_status()
-                counts["scrapes"] += 1
-                await trio.sleep(args.scrape_s)
+    async def timed(arm_name: str) -> list[float]:
+        out = []
+        for _ in range(args.steps):
+            wall, cpu_s = await step()
+            out.append(wall)
+            cpu[arm_name].append(cpu_s)
+        return out
 
     async def arm(on: bool) -> list[float]:
         if not on:
-            return [await step() for _ in range(args.steps)]
+            return await timed("off")
         async with trio.open_nursery() as nursery:
             url = await start_dashboard(nursery, app, "127.0.0.1:0", lambda s: None)
-            nursery.start_soon(sse_client, url)
-            nursery.start_soon(scraper, url)
-            await trio.sleep(0.5)  # clients connected before the first timed step
-            out = [await step() for _ in range(args.steps)]
+            client = subprocess.Popen([sys.executable, "-m", "bench.dashboard_bench", url, str(args.scrape_s)],
+                                      stdout=subprocess.PIPE, text=True)
+            try:
+                with trio.fail_after(60):
+                    while not (await trio.to_thread.run_sync(client.stdout.readline)).startswith("{"):
+                        pass  # the clients are connected once they report
+                out = await timed("on")
+            finally:
+                client.terminate()
+                last = [line for line in client.communicate(timeout=30)[0].splitlines() if line.startswith("{")]
+                got = json.loads(last[-1]) if last else {}
+                counts["events"] += got.get("events", 0)
+                counts["scrapes"] += got.get("scrapes", 0)
             nursery.cancel_scope.cancel()
         return out
 
@@ -148,7 +195,7 @@ async def measure(args) -> dict:
             times["on" if on else "off"] += await arm(on)
         print(f"dashboard-overhead: round {r + 1}/{args.rounds}: off {statistics.fmean(times['off']):.3f}s "
               f"on {statistics.fmean(times['on']):.3f}s per step", flush=True)
-    out = summarise(times)
+    out = summarise(times, cpu)
     out.update({"sequences": args.sequences, "tokens": args.tokens, "scrape_s": args.scrape_s,
                 "update_s": args.update_s, "events_received": counts["events"], "scrapes": counts["scrapes"],
                 "loadavg_before": [round(x, 2) for x in load_before],
@@ -156,3 +203,7 @@ async def measure(args) -> dict:
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=1))
     return out
+
+
+if __name__ == "__main__":  # the clients' process: python -m bench.dashboard_bench URL SCRAPE_S
+    client_main(sys.argv[1], float(sys.argv[2]))

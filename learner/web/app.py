@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from learner.web.page import page_html, sections
+from learner.web.page import charts_html, charts_key, page_html, sections
 
 log = logging.getLogger("echo_swarm.dashboard")
 
@@ -98,9 +98,24 @@ class SnapshotCollector:
                         versions[0]["last_s"])
 
 
+class SectionRenderer:
+    """The page's sections for a snapshot; the charts (the costly part) are rendered once per
+    change of what they show and shared by every connected browser."""
+
+    def __init__(self) -> None:
+        self._charts: tuple[tuple, str] | None = None
+
+    def __call__(self, snap: dict) -> dict[str, str]:
+        key = charts_key(snap)
+        if self._charts is None or self._charts[0] != key:
+            self._charts = (key, charts_html(snap))
+        return sections(snap, self._charts[1])
+
+
 def create_app(snapshot: Callable[[], dict], wait_changed: Callable[[], Awaitable[None]],
                min_update_s: float = 1.0, title: str = "echo-swarm learner") -> Starlette:
     """The read-only dashboard app over ``snapshot()`` (see :func:`learner.web.state.snapshot`)."""
+    render = SectionRenderer()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snapshot))
 
@@ -117,7 +132,8 @@ def create_app(snapshot: Callable[[], dict], wait_changed: Callable[[], Awaitabl
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def events(request: Request) -> StreamingResponse:
-        return StreamingResponse(event_stream(snapshot, wait_changed, min_update_s), media_type="text/event-stream",
+        return StreamingResponse(event_stream(lambda: render(snapshot()), wait_changed, min_update_s),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     routes = [Route("/", index), Route("/metrics", metrics), Route("/api/events", events)]
@@ -131,7 +147,7 @@ def sse_event(event: str, data: str) -> str:
     return f"event: {event}\n{lines}\n"
 
 
-async def event_stream(snapshot: Callable[[], dict], wait_changed: Callable[[], Awaitable[None]],
+async def event_stream(render: Callable[[], dict], wait_changed: Callable[[], Awaitable[None]],
                        min_update_s: float):
     """Sections now, then again after each change of the learner's state (throttled)."""
     yield f"retry: {SSE_RETRY_MS}\n\n"
@@ -142,7 +158,7 @@ async def event_stream(snapshot: Callable[[], dict], wait_changed: Callable[[], 
         if wait > 0:
             await trio.sleep(wait)
         try:
-            payload = json.dumps(sections(snapshot()))
+            payload = json.dumps(render())
         except Exception:  # a bug in a view must not end the learner: log it, keep the stream
             log.exception("dashboard: snapshot failed")
             payload = last_sent

@@ -15,6 +15,9 @@ from learner.web.svg import Series, line_chart
 #: Section element id -> heading.
 SECTIONS = {"status": "Run", "charts": "Progress", "nodes": "Nodes", "ledger": "Ledger",
             "dissem": "Adapter dissemination"}
+#: Charts of longer runs than this (steps) draw lines only: a circle per step would make every
+#: update heavy for the browser and for the learner's loop.
+MAX_MARKERS = 200
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:16px;color:#222;background:#fafafa}
@@ -67,17 +70,25 @@ def status_html(st: dict) -> str:
             f'<table class="kv">{table}</table>')
 
 
+def charts_key(snap: dict) -> tuple:
+    """What :func:`charts_html` depends on (equal keys, equal charts): lets callers cache it."""
+    steps = snap["steps"]
+    return (len(steps), tuple(sorted(steps[-1].items())) if steps else (),
+            tuple((v["version"], v["last_s"]) for v in snap["dissem"]["versions"]))
+
+
 def charts_html(snap: dict) -> str:
     steps = snap["steps"]
     xs = [s["step"] for s in steps]
-    reward = [Series("reward", [(x, s.get("reward_mean")) for x, s in zip(xs, steps)]),
+    markers = len(steps) <= MAX_MARKERS
+    reward = [Series("reward", [(x, s.get("reward_mean")) for x, s in zip(xs, steps)], markers=markers),
               Series("rolling mean", [(x, s.get("reward_rolling")) for x, s in zip(xs, steps)], markers=False, width=2.5)]
     eval_keys = sorted({k for s in steps for k in s if k.startswith("eval_")})
     for k in eval_keys:
         reward.append(Series(k.removeprefix("eval_"), [(x, s[k]) for x, s in zip(xs, steps) if k in s], line=False))
-    times = [Series("learner idle", [(x, s.get("learner_idle_s")) for x, s in zip(xs, steps)]),
-             Series("train", [(x, s.get("train_s")) for x, s in zip(xs, steps)])]
-    rate = [Series("samples/s", [(x, s.get("samples_per_s")) for x, s in zip(xs, steps)])]
+    times = [Series("learner idle", [(x, s.get("learner_idle_s")) for x, s in zip(xs, steps)], markers=markers),
+             Series("train", [(x, s.get("train_s")) for x, s in zip(xs, steps)], markers=markers)]
+    rate = [Series("samples/s", [(x, s.get("samples_per_s")) for x, s in zip(xs, steps)], markers=markers)]
     versions = sorted(snap["dissem"]["versions"], key=lambda v: v["version"])
     diss = [Series("last node", [(v["version"], v["last_s"]) for v in versions])]
     return "".join([
@@ -143,9 +154,10 @@ def dissem_html(d: dict) -> str:
     return head + table + (f"<p class=muted>broadcast tree</p>{trees}" if trees else "")
 
 
-def sections(snap: dict) -> dict[str, str]:
-    """Section id -> inner HTML."""
-    return {"status": status_html(snap["status"]), "charts": charts_html(snap), "nodes": nodes_html(snap["nodes"]),
+def sections(snap: dict, charts: str | None = None) -> dict[str, str]:
+    """Section id -> inner HTML (``charts``: the charts already rendered for this snapshot)."""
+    return {"status": status_html(snap["status"]), "charts": charts if charts is not None else charts_html(snap),
+            "nodes": nodes_html(snap["nodes"]),
             "ledger": ledger_html(snap["ledger"]), "dissem": dissem_html(snap["dissem"])}
 
 

@@ -11,10 +11,10 @@ defaults and shown only when present.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from learner.metrics import ROLLING_WINDOW, rolling_mean
+from learner.metrics import ROLLING_WINDOW
 
 #: Per-step keys the dashboard keeps from a ``metrics.jsonl`` row (plus every ``eval_*`` key).
 STEP_KEYS = ("step", "policy_version", "reward_mean", "samples", "samples_per_s", "learner_idle_s",
@@ -43,22 +43,38 @@ class DashboardSource:
     started_at: float
     #: The service's clock (``trio.current_time``: node ``last_seen`` uses it).
     clock: Callable[[], float] = time.monotonic
+    #: The per-step view, updated with new rows only.
+    steps: StepsView = field(default_factory=lambda: StepsView())
 
 
 def short(peer_id: str) -> str:
     return peer_id[-6:]
 
 
+class StepsView:
+    """:func:`steps_view` kept up to date incrementally (metrics rows are only ever appended),
+    so a long run costs the dashboard the new rows only."""
+
+    def __init__(self) -> None:
+        self.out: list[dict] = []
+        self._rewards: list[float] = []
+
+    def update(self, rows: list[dict]) -> list[dict]:
+        if len(rows) < len(self.out):
+            self.__init__()
+        for row in rows[len(self.out):]:
+            self._rewards.append(float(row.get("reward_mean", 0.0)))
+            window = self._rewards[-ROLLING_WINDOW:]
+            kept = {k: row[k] for k in STEP_KEYS if k in row}
+            kept.update({k: v for k, v in row.items() if k.startswith("eval_") and isinstance(v, (int, float))})
+            kept["reward_rolling"] = round(sum(window) / len(window), 4)
+            self.out.append(kept)
+        return self.out
+
+
 def steps_view(rows: list[dict]) -> list[dict]:
-    """Per step: the kept keys of each row plus the rolling mean reward."""
-    rolled = rolling_mean([float(r.get("reward_mean", 0.0)) for r in rows])
-    out = []
-    for row, roll in zip(rows, rolled):
-        kept = {k: row[k] for k in STEP_KEYS if k in row}
-        kept.update({k: v for k, v in row.items() if k.startswith("eval_") and isinstance(v, (int, float))})
-        kept["reward_rolling"] = round(roll, 4)
-        out.append(kept)
-    return out
+    """Per step: the kept keys of each row plus the rolling mean reward (as ``rolling_mean``)."""
+    return StepsView().update(rows)
 
 
 def _held_versions(coord, dissem) -> dict[str, int]:
@@ -218,7 +234,7 @@ def status_view(src: DashboardSource, steps: list[dict], n_nodes: int, now_wall:
 def snapshot(src: DashboardSource, now_wall: float | None = None) -> dict:
     """Everything the dashboard shows, as one JSON-ready dict."""
     service = src.service
-    steps = steps_view(list(src.metrics.rows))
+    steps = list(src.steps.update(src.metrics.rows))
     nodes = nodes_view(service, src.clock())
     return {
         "status": status_view(src, steps, len(nodes), time.time() if now_wall is None else now_wall),

@@ -81,3 +81,19 @@ def test_ledger_from_counts():
     out = ledger_from_counts({"trained": 8, "dropped:stale": 2, "dropped:bad_logprob": 1, "pending": 3})
     assert out["dropped"] == {"bad_logprob": 1, "stale": 2} and out["dropped_total"] == 3
     assert out["total"] == 14 and out["leased"] == 0
+
+
+def test_incremental_steps_view_equals_the_full_one():
+    import random
+
+    from learner.metrics import rolling_mean
+    from learner.web.state import StepsView
+
+    rng = random.Random(3)
+    rows = [{"step": i + 1, "reward_mean": rng.random()} for i in range(23)]
+    view = StepsView()
+    for n in (0, 1, 7, 7, 23):
+        got = view.update(rows[:n])
+        assert got == steps_view(rows[:n])
+    assert [s["reward_rolling"] for s in got] == [round(x, 4) for x in rolling_mean([r["reward_mean"] for r in rows])]
+    assert view.update(rows[:2]) == steps_view(rows[:2])  # a shorter history (resumed run) starts over
