@@ -123,6 +123,8 @@ async def dial_back(peer_id: str, addrs: list[str], remote_ip: str | None = None
     cfg = HostConfig(dial_timeout_s=timeout_s)
     with tempfile.TemporaryDirectory(prefix="es-dialback-") as tmp:
         async with open_host(tmp, listen_addr=PROBE_LISTEN, config=cfg) as probe:
+            log.info("dial-back to %s from throwaway peer %s (%d address(es))", peer_id[-8:], probe.peer_id,
+                     len(cands))
             for addr in cands:
                 tried.append(addr)
                 try:
