@@ -32,9 +32,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+#: Seconds between two progress-bar lines of the converter that are passed on.
+PROGRESS_EVERY_S = 5.0
 SDIST_ENV = "ECHO_SWARM_LLAMACPP_SDIST"
 """Environment variable: path of a llama-cpp-python sdist (.tar.gz) to take the converter from."""
 #: Members of the sdist's ``vendor/llama.cpp/`` that the converter needs.
@@ -172,10 +175,15 @@ def hf_to_gguf(hf_dir: str | os.PathLike, out_path: str | os.PathLike | None = N
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     tail: list[str] = []
+    last = 0.0
     assert proc.stdout is not None
-    for line in proc.stdout:
+    for line in proc.stdout:  # (text mode splits the progress bar's \r updates into lines too)
         tail = (tail + [line.rstrip()])[-40:]
         if verbose and _progress_line(line):
+            bar = line.lstrip().startswith("Writing:")
+            if bar and "100%" not in line and time.monotonic() - last < PROGRESS_EVERY_S:
+                continue
+            last = time.monotonic()
             print("convert: " + line.rstrip(), flush=True)
     if proc.wait() != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
