@@ -151,6 +151,7 @@ def test_wrong_name_map_fails_parity(backends, family, tmp_path):
     b.llama.set_adapter(bad)
     wrong = np.abs(b.llama.token_logprobs(seq) - ref).max()
     b.llama.set_adapter(None)
+    print(f"{family}: gate/up names swapped {wrong:.2f}")
     assert wrong > WRONG_MIN
 
 
