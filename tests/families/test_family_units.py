@@ -132,3 +132,20 @@ def test_learner_side_gguf_to_hf_is_exact(family_models, family, tmp_path):
         a = AutoModelForCausalLM.from_pretrained(fm.hf_dir)(ids).logits
         b = AutoModelForCausalLM.from_pretrained(tmp_path)(ids).logits
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3"])
+def test_multi_turn_tokens_extend_the_rendered_conversation(family):
+    """Prompt + model turn + end-of-turn + environment tokens (``env_turn_ids``) are exactly the
+    conversation re-rendered by the family's template (Qwen3 with thinking off included)."""
+    from bench.make_model import build_tokenizer
+    from tasks.interface import chat_prompt, env_turn_ids
+
+    tok = build_tokenizer(family)
+    stop = "<|eot_id|>" if family == "llama3" else "<|im_end|>"
+    turns = [("system", "Push the boxes."), ("user", "#####\n#@$.#\n#####")]
+    reply = "Move: right"
+    got = (chat_prompt(tok, turns) + tok(reply + stop, add_special_tokens=False)["input_ids"]
+           + env_turn_ids(tok, "#####\n# @*#\n#####", stop))
+    want = chat_prompt(tok, turns + [("assistant", reply), ("user", "#####\n# @*#\n#####")])
+    assert got == want
