@@ -50,7 +50,8 @@ class StageRefused(Exception):
 
 
 class StageExecutor(Protocol):
-    """What a backend provides to serve a layer range (``node_agents.stages``)."""
+    """What a backend provides to serve a layer range (``node_agents.stages``). Its calls run
+    in worker threads unless it has a true ``inline`` attribute."""
 
     start: int
     end: int
@@ -131,6 +132,14 @@ class StageServer:
         self.stats = {"sessions": 0, "refused": 0, "forwards": 0, "busy_s": 0.0}
         self._compute = trio.Lock()  # one forward at a time: sessions interleave step by step
 
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        """Run executor work in a worker thread, or inline in the event loop's thread for an
+        executor that says ``inline = True`` (MLX: a process that used MLX from a thread that
+        is still alive at exit aborts)."""
+        if getattr(self.executor, "inline", False):
+            return fn(*args)
+        return await trio.to_thread.run_sync(fn, *args)
+
     async def _send(self, stream: Any, envelope: dict[str, Any]) -> None:
         cfg = self.config
         await write_frame(stream, envelope, timeout=cfg.frame_timeout_s,
@@ -156,7 +165,7 @@ class StageServer:
                 await self._refuse(stream, peer, why)
                 return
             session_id = f"{peer}/{req.session_id}"
-            await trio.to_thread.run_sync(ex.open_session, session_id, req)
+            await self._run(ex.open_session, session_id, req)
             self.sessions += 1
             self.stats["sessions"] += 1
             await self._send(stream, _envelope_ok(StageOpened(ex.start, ex.end, ex.n_layers, ex.adapter_version,
@@ -194,7 +203,7 @@ class StageServer:
             async with self._compute:
                 t0 = trio.current_time()
                 try:
-                    result = await trio.to_thread.run_sync(ex.forward, session_id, req)
+                    result = await self._run(ex.forward, session_id, req)
                 except (StageRefused, ValueError) as e:
                     await self._refuse(stream, peer, str(e))
                     return

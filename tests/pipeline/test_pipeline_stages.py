@@ -10,45 +10,14 @@ from contextlib import AsyncExitStack
 import numpy as np
 import pytest
 import trio
+from pipeline_helpers import N_LAYERS, PROMPT, run_hosts as _go, tiny_adapter
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 
-N_LAYERS = 6
 TOL = 1e-4
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=N_LAYERS,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                      tie_word_embeddings=True, eos_token_id=2, bos_token_id=1)
-    model = LlamaForCausalLM(cfg).eval()
-    d = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(d)
-    return d
-
-
-def tiny_adapter(version: int, seed: int = 3):
-    from node_agents.backends.base import LoraAdapter
-
-    rng = np.random.default_rng(seed)
-    shapes = {"self_attn.q_proj": (64, 64), "self_attn.k_proj": (64, 32), "self_attn.v_proj": (64, 32),
-              "self_attn.o_proj": (64, 64), "mlp.gate_proj": (64, 128), "mlp.up_proj": (64, 128),
-              "mlp.down_proj": (128, 64)}
-    tensors = {}
-    for layer in range(N_LAYERS):
-        for mod, (fi, fo) in shapes.items():
-            stem = f"base_model.model.model.layers.{layer}.{mod}"
-            tensors[f"{stem}.lora_A.weight"] = (rng.standard_normal((4, fi)) / 8).astype(np.float32)
-            tensors[f"{stem}.lora_B.weight"] = (rng.standard_normal((fo, 4)) * 0.2).astype(np.float32)
-    return LoraAdapter(version=version, rank=4, alpha=8.0, target_modules=list(TARGETS), tensors=tensors)
 
 
 @pytest.fixture(scope="module")
@@ -65,42 +34,6 @@ def _stages(tiny_dir, ranges, adapter):
     for s in out:
         s.set_adapter(adapter)
     return out
-
-
-async def _serve_and_run(tmp_path, executors, body):
-    """Start one host per stage and a head host; run ``body(head, route)``."""
-    from node_agents.stages.head import RouteStage
-    from swarm.host import open_host
-    from swarm.pipeline.server import serve_stage
-
-    async with AsyncExitStack() as stack:
-        route = []
-        for i, ex in enumerate(executors):
-            host = await stack.enter_async_context(open_host(tmp_path / f"stage{i}"))
-            serve_stage(host, ex)
-            route.append((host, RouteStage(host.peer_id, ex.start, ex.end)))
-        head = await stack.enter_async_context(open_host(tmp_path / "head"))
-        for host, _ in route:
-            await head.connect(host.addrs[0])
-        return await body(head, [r for _, r in route])
-
-
-def _go(tmp_path, executors, body):
-    try:
-        return trio.run(_serve_and_run, tmp_path, executors, body)
-    except BaseExceptionGroup as eg:
-        leaves = list(_leaves(eg))
-        if len(leaves) == 1:
-            raise leaves[0] from None
-        raise
-
-
-def _leaves(eg):
-    for e in eg.exceptions:
-        yield from (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
-
-
-PROMPT = [1, 17, 42, 99, 123, 250, 7, 8, 9, 10]
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["base", "lora"])
