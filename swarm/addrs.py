@@ -11,6 +11,9 @@ addresses on port 4001, never at ``0.0.0.0``; a peer on another machine cannot r
 - :func:`for_remote`: what to send a peer whose connection comes from ``remote_ip``:
   loopback addresses only to a peer that is itself on loopback (same machine), and always
   after the others, so an address relayed on to a third machine is tried in a useful order.
+  What goes to anyone (identify, DHT provider records, ``host.get_addrs()``) is
+  ``for_remote(addrs, None)``: loopback only when there is nothing else (a host listening on
+  127.0.0.1 only, as the demo does); a peer on this machine can dial an interface address.
 - :func:`display_order`: the whole list, non-loopback first (for the ``listening on`` line).
 
 Addresses are multiaddr strings (``/ip4/192.0.2.2/tcp/4001``, optionally ending in
@@ -174,13 +177,13 @@ def interface_ips(max_age_s: float = INTERFACE_CACHE_S) -> list[str]:
 def addrs_factory(announce: list[str] = ()):
     """A py-libp2p ``AddrsFactory`` (``new_host(addrs_factory=...)``): maps the host's live
     candidates (listen addresses plus observed addresses that enough peers confirmed) to
-    :func:`advertisable` ones, so identify, DHT provider records and ``host.get_addrs()``
-    carry only dialable addresses."""
+    :func:`advertisable` ones fit for any peer (:func:`for_remote` with no remote), so
+    identify, DHT provider records and ``host.get_addrs()`` carry only dialable addresses."""
     fixed = [check_announce(a) for a in announce]
 
     def factory(candidates: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
         addrs = advertisable([split_peer_id(str(c))[0] for c in candidates], interface_ips(), fixed)
-        return [multiaddr.Multiaddr(a) for a in addrs]
+        return [multiaddr.Multiaddr(a) for a in for_remote(addrs, None)]
 
     return factory
 
