@@ -103,16 +103,20 @@ def charts_html(snap: dict) -> str:
 NODE_COLUMNS = [("short", "peer", "{}"), ("name", "name", "{}"), ("backend", "backend", "{}"),
                 ("device", "device", "{}"), ("tokens_per_s", "tok/s", "{:.0f}"),
                 ("announced_tokens_per_s", "tok/s (hello)", "{:.0f}"), ("adapter_version", "adapter", "v{}"),
-                ("lag", "lag", "{}"), ("rollouts", "rollouts", "{}"), ("rejected_groups", "rejected", "{}"),
+                ("lag", "lag", "{}"), ("push_staleness", "buffered lag", "{}"), ("rollouts", "rollouts", "{}"), ("rejected_groups", "rejected", "{}"),
                 ("leased_groups", "leased", "{}"), ("last_seen_s", "seen", "{:.0f} s ago"),
                 ("trusted", "trusted", "{}"), ("reachable", "reachable", "{}"), ("leaf", "leaf", "{}"),
                 ("stage", "stage", "{}")]
 
 
+#: Node columns shown even when empty for every node (the others appear once some node has a value).
+ALWAYS_SHOWN = {"short", "backend", "device", "tokens_per_s", "adapter_version", "lag", "rollouts", "last_seen_s"}
+
+
 def nodes_html(nodes: list[dict]) -> str:
     if not nodes:
         return '<p class="muted">no node has joined yet</p>'
-    cols = [c for c in NODE_COLUMNS if any(c[0] in n for n in nodes)]
+    cols = [c for c in NODE_COLUMNS if any(n.get(c[0]) not in (None, "") for n in nodes) or c[0] in ALWAYS_SHOWN]
     head = "".join(f"<th>{escape(title)}</th>" for _, title, _ in cols)
     body = []
     for n in nodes:

@@ -78,13 +78,15 @@ def steps_view(rows: list[dict]) -> list[dict]:
 
 
 def _held_versions(coord, dissem) -> dict[str, int]:
-    """Peer -> newest adapter version it is known to hold (dissemination reports, leases)."""
+    """Peer -> newest adapter version it is known to hold (dissemination reports, leases, pushes)."""
     held: dict[str, int] = {}
     for version, reports in (getattr(dissem, "have", None) or {}).items():
         for peer in reports:
             held[peer] = max(held.get(peer, -1), version)
     for lease in (getattr(coord, "leases", None) or {}).values():
         held[lease.peer_id] = max(held.get(lease.peer_id, -1), lease.version)
+    for group in (getattr(coord, "completed", None) or {}).values():
+        held[group.peer_id] = max(held.get(group.peer_id, -1), group.result.version)
     return held
 
 
@@ -103,6 +105,10 @@ def nodes_view(service, now: float) -> list[dict]:
     dissem = getattr(service, "dissem", None)
     held = _held_versions(coord, dissem)
     members = getattr(dissem, "members", None) or {}
+    oldest_pushed: dict[str, int] = {}  # peer -> oldest version among its rollouts not yet trained
+    for group in (getattr(coord, "completed", None) or {}).values():
+        v = group.result.version
+        oldest_pushed[group.peer_id] = min(oldest_pushed.get(group.peer_id, v), v)
     leased: dict[str, int] = {}
     for lease in (getattr(coord, "leases", None) or {}).values():
         leased[lease.peer_id] = leased.get(lease.peer_id, 0) + len(lease.open_groups or lease.group_ids)
@@ -122,6 +128,7 @@ def nodes_view(service, now: float) -> list[dict]:
             "tokens_per_s": round(getattr(n, "gen_tokens", 0) / gen_s, 1) if gen_s > 0 else None,
             "adapter_version": version,
             "lag": current - version if version is not None else None,
+            "push_staleness": current - oldest_pushed[peer] if peer in oldest_pushed else None,
             "rollouts": getattr(n, "completions_pushed", 0),
             "groups": getattr(n, "groups_pushed", 0),
             "rejected_groups": getattr(n, "rejected_groups", 0),

@@ -75,6 +75,8 @@ def line_chart(series: list[Series], *, title: str, y_label: str = "", x_label: 
     y_hi = max(ys) if y_max is None else max(y_max, max(ys))
     if y_hi == y_lo:
         y_lo, y_hi = y_lo - 0.5, y_hi + 0.5
+    if y_max is None:
+        y_hi += 0.08 * (y_hi - y_lo)  # headroom above the data
 
     def px(x: float) -> float:
         return left + (x - x_lo) / (x_hi - x_lo) * pw

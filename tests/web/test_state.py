@@ -26,6 +26,10 @@ def test_snapshot_reads_nodes_ledger_steps_and_is_json(learner_objects):
     assert a["rollouts"] == 2 and a["groups"] == 1 and a["tokens_per_s"] == 100.0
     assert b["rollouts"] == 0 and b["tokens_per_s"] is None and b["leased_groups"] == 1
     assert b["adapter_version"] == 0 and b["lag"] == 0  # from its lease
+    assert a["push_staleness"] == 0 and b["push_staleness"] is None  # A's group waits in the buffer
+    src.service.coordinator.version = 2
+    a2 = next(n for n in snapshot(src)["nodes"] if n["peer_id"] == PEER_A)
+    assert a2["push_staleness"] == 2 and a2["lag"] == 2
     assert "trusted" not in a  # absent fields are not invented
     ledger = snap["ledger"]
     assert ledger["completed"] == 1 and ledger["leased"] == 1 and ledger["pending"] == 2
