@@ -30,6 +30,7 @@ PROMPT = "Explain in a few sentences why the sky is blue and why sunsets are red
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="torch", choices=["torch", "mlx"], help="backend of the stages and the whole model")
     p.add_argument("--model", default="default", help="'default' (SmolLM2-135M), a .gguf or an HF directory")
     p.add_argument("--stages", type=int, default=3, help="pipeline depth k (also the groups kept in flight)")
     p.add_argument("--group-size", type=int, default=4, help="completions per group (one batch)")
@@ -44,7 +45,8 @@ def _start_stages(hf_dir: Path, ranges: list[tuple[int, int]], root: Path, args)
     procs = []
     for i, (a, b) in enumerate(ranges):
         cmd = [sys.executable, "-m", "node_agents.stages.serve", "--model", str(hf_dir), "--start", str(a),
-               "--end", str(b), "--data-dir", str(root / f"stage{i}"), "--threads", str(args.threads)]
+               "--end", str(b), "--data-dir", str(root / f"stage{i}"), "--threads", str(args.threads),
+               "--backend", args.backend]
         if args.device:
             cmd += ["--device", args.device]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
@@ -139,10 +141,16 @@ def run(args: argparse.Namespace) -> None:
                                      tokenize=True, return_dict=False)
     eog = eog_token_ids(hf_dir)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1)
-    print(f"pipeline bench: {hf_dir.name}, {k} stages {ranges}, groups of {args.group_size} x "
+    print(f"pipeline bench: {hf_dir.name} ({args.backend}), {k} stages {ranges}, groups of {args.group_size} x "
           f"{args.max_tokens} tokens, wire {args.wire_dtype}", flush=True)
 
-    whole = TorchBackend(hf_dir, n_ctx=len(prompt) + args.max_tokens + 1, threads=args.threads, device=args.device)
+    n_ctx = len(prompt) + args.max_tokens + 1
+    if args.backend == "mlx":
+        from node_agents.backends.mlx_backend import MlxBackend
+
+        whole = MlxBackend(resolve_for_backend(args.model, "mlx"), n_ctx=n_ctx)
+    else:
+        whole = TorchBackend(hf_dir, n_ctx=n_ctx, threads=args.threads, device=args.device)
     whole.generate_group(prompt, args.group_size, params)  # warm-up
     t0, tokens = time.perf_counter(), 0
     for g in range(k):

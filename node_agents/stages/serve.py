@@ -50,6 +50,7 @@ def load_adapter_npz(path: str | Path):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m node_agents.stages.serve",
                                 description="Serve layers [start, end) of a model as a pipeline stage.")
+    p.add_argument("--backend", default="torch", choices=["torch", "mlx"], help="stage backend")
     p.add_argument("--model", default="default", help="'default', a .gguf file or an HF directory")
     p.add_argument("--start", type=int, required=True, help="first layer served")
     p.add_argument("--end", type=int, required=True, help="one past the last layer served")
@@ -57,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0", help="multiaddr to listen on")
     p.add_argument("--adapter", type=Path, default=None, help="adapter .npz (default: the base model)")
     p.add_argument("--device", default=None, help="torch device (default: cuda when available)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default by device)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (torch default by device; "
+                   "mlx default float32)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     import trio
 
     try:
-        trio.run(_serve, args)
+        stage = _load_stage(args)
+        trio.run(_serve, args, stage)
     except KeyboardInterrupt:
         return 0
     except (ValueError, FileNotFoundError) as e:
@@ -79,19 +82,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def _serve(args) -> None:
+def _load_stage(args):
+    """The stage executor, built in the main thread (MLX must not be used from a worker
+    thread that outlives it, see ``MlxStage.inline``)."""
+    from node_agents.models import resolve_for_backend
+
+    if args.backend == "mlx":
+        from node_agents.stages.mlx_stage import MlxStage
+
+        stage = MlxStage(resolve_for_backend(args.model, "mlx", mlx_dtype=args.dtype or "float32"),
+                         args.start, args.end)
+    else:
+        from node_agents.stages.torch_stage import TorchStage
+
+        stage = TorchStage(resolve_for_backend(args.model, "torch"), args.start, args.end, device=args.device,
+                           dtype=args.dtype, threads=args.threads)
+    if args.adapter is not None:
+        stage.set_adapter(load_adapter_npz(args.adapter))
+    return stage
+
+
+async def _serve(args, stage) -> None:
     import trio
 
-    from node_agents.models import resolve_for_backend
-    from node_agents.stages.torch_stage import TorchStage
     from swarm.host import open_host
     from swarm.pipeline.server import serve_stage
 
-    model_dir = resolve_for_backend(args.model, "torch")
-    stage = await trio.to_thread.run_sync(lambda: TorchStage(model_dir, args.start, args.end, device=args.device,
-                                                             dtype=args.dtype, threads=args.threads))
-    if args.adapter is not None:
-        stage.set_adapter(load_adapter_npz(args.adapter))
     async with open_host(args.data_dir, listen_addr=args.listen) as host:
         serve_stage(host, stage)
         print(json.dumps({"ready": True, "peer_id": host.peer_id, "addrs": host.addrs, "start": stage.start,
