@@ -29,6 +29,9 @@ class NodeDiscovery:
         self.host = host
         self.discovery = discovery
         self.locator = locator
+        #: The run the user asked for (``--run``); only this one is enforced. Without it the
+        #: node follows its learner, also into a new run after a restart.
+        self.asked = locator.run
         self.run_name = ""
         self.learner = ""
         serve_run_info(host, self.run_info)
@@ -40,7 +43,7 @@ class NodeDiscovery:
 
     def check_ack(self, accepted: bool, run_name: str, reason: str) -> None:
         """Raise :class:`WrongRun` when the learner's run is not the one asked for."""
-        why = run_mismatch(self.locator.run, run_name)
+        why = run_mismatch(self.asked, run_name)
         if why is not None:
             raise WrongRun(f"wrong learner: {why}")
 
@@ -50,8 +53,7 @@ class NodeDiscovery:
         self.learner = learner_peer
         if run_name and run_name != self.run_name:
             self.run_name = run_name
-            if not self.locator.run:
-                self.locator.run = run_name
+            self.locator.run = run_name  # what to look up in the DHT if the learner moves
             await self.discovery.provide(run_key(run_name, "nodes"))
 
     def run_info(self, peer_id: str = "") -> RunInfo:
