@@ -206,3 +206,38 @@ def test_mlx_adapter_files_load_in_mlx_lm(backends, tmp_path):
     x -= x.max(axis=1, keepdims=True)
     assert np.abs(x - np.log(np.exp(x).sum(axis=1, keepdims=True)) - one).max() < 1e-4
     b.mlx.set_adapter(None)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_learner_exported_adapter_matches_the_learner_on_every_backend(backends, family):
+    """The learner's own peft model (``learner.trainer.Trainer``), with its LoRA B moved off zero,
+    exported with ``export_adapter`` and installed on each backend: every backend's log-probs
+    along a sequence equal the learner's (``Trainer.logprobs`` in fp32)."""
+    import torch
+
+    from learner.models import resolve_model
+    from learner.trainer import ComputeConfig, LoraConfig, Trainer
+
+    b = backends(family)
+    tr = Trainer(resolve_model(b.fm.hf_dir), LoraConfig(rank=4, alpha=8.0),
+                 compute=ComputeConfig(device="cpu", torch_threads=1))
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in tr.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    adapter = tr.export_adapter(version=2)
+    completion = _greedy(b.torch, b.prompt).token_ids
+    from learner.trainer import TrainSample
+
+    (ref,) = tr.logprobs([TrainSample(b.prompt, completion, [0.0] * len(completion), 0.0)], autocast=False)
+    seq = b.prompt + completion
+    picked = np.arange(len(completion)), np.array(completion)
+    for be in b.all():
+        be.set_adapter(adapter)
+        got = be.token_logprobs(seq)[len(b.prompt) - 1:-1][picked]
+        be.set_adapter(None)
+        assert np.abs(got - ref).max() < TOL, (family, be.name, np.abs(got - ref).max())
+    b.torch.set_adapter(None)
+    base = b.torch.token_logprobs(seq)[len(b.prompt) - 1:-1][picked]
+    assert np.abs(base - ref).max() > 50 * TOL  # the exported adapter is far from zero
