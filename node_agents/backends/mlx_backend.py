@@ -44,9 +44,12 @@ class MlxBackend:
         self._mx = mx
         self.model_dir = Path(model_dir)
         config = json.loads((self.model_dir / "config.json").read_text())
-        if config.get("model_type") == "llama" and "rope_theta" not in config:
-            raise ValueError(f"{self.model_dir}/config.json has no top-level rope_theta; mlx-lm's llama would "
-                             "silently use 10000 (convert with node_agents.model_cache.ensure_mlx)")
+        from node_agents.model_cache import mlx_rope_fields
+
+        missing = mlx_rope_fields(config) if config.get("model_type") == "llama" else {}
+        if missing:
+            raise ValueError(f"{self.model_dir}/config.json lacks top-level {' and '.join(sorted(missing))}; mlx-lm's "
+                             "llama would silently run a plain rope (convert with node_agents.model_cache.ensure_mlx)")
         self._model, self._config = load_model(self.model_dir)
         self._model.eval()
         self.n_ctx = int(n_ctx)

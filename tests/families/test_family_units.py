@@ -149,3 +149,14 @@ def test_multi_turn_tokens_extend_the_rendered_conversation(family):
            + env_turn_ids(tok, "#####\n# @*#\n#####", stop))
     want = chat_prompt(tok, turns + [("assistant", reply), ("user", "#####\n# @*#\n#####")])
     assert got == want
+
+
+def test_mlx_backend_refuses_a_llama_config_without_its_rope_scaling(tmp_path):
+    pytest.importorskip("mlx_lm")
+    from node_agents.backends.mlx_backend import MlxBackend
+
+    cfg = {"model_type": "llama", "rope_theta": 5e5,
+           "rope_parameters": {"rope_theta": 5e5, "rope_type": "llama3", "factor": 32.0}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="lacks top-level rope_scaling"):
+        MlxBackend(tmp_path)
