@@ -114,7 +114,8 @@ def converter_dir(cache_dir: str | os.PathLike | None = None) -> Path:
                 raise ConversionError(f"{sdist} has no vendor/llama.cpp/convert_hf_to_gguf.py")
             for m in members:
                 m.name = m.name[len(prefix):]
-            tar.extractall(tmp, members=members, filter="data")
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.11.4
+            tar.extractall(tmp, members=members, **safe)
         try:
             os.rename(tmp, final)
         except OSError:  # another process finished first
