@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "broadcast": ("bench.broadcast", "adapter dissemination: star vs tree on emulated links, simulator, codecs, parity"),
     "dashboard-overhead": ("bench.dashboard_bench", "the learner's step time with the live dashboard off and on (clients connected)"),
     "make-model": ("bench.make_model", "write a random-weight HF model of a supported family (llama3, qwen2, qwen3)"),
+    "learner": ("bench.learner_bench", "learner training tokens/s and peak memory by device, rank count and model size"),
     "pipeline": ("bench.pipeline", "pipeline-sharded generation: k stage processes vs the whole model; busy, bubble, bytes/token"),
 }
 
