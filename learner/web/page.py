@@ -154,8 +154,9 @@ def dissem_html(d: dict) -> str:
         rows.append(f"<tr><td>v{v['version']}</td>{cells}</tr>")
     table = (f'<table id="dissem-table"><tr><th>version</th>{"".join(f"<th>{escape(p)}</th>" for p in peers)}</tr>'
              f'{"".join(rows)}</table>')
-    trees = "".join(f"<div>stripe {i}: learner{_tree_html(t)}</div>" for i, t in enumerate(d["tree"]))
-    return head + table + (f"<p class=muted>broadcast tree</p>{trees}" if trees else "")
+    trees = "".join(f'<div class="muted">stripe {i}: learner{_tree_html(t)}</div>' for i, t in enumerate(d["tree"]))
+    return head + table + (f'<p class="muted">broadcast tree (chunks of stripe i go down tree i)</p>{trees}'
+                           if trees else "")
 
 
 def sections(snap: dict, charts: str | None = None) -> dict[str, str]:

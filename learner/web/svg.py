@@ -87,7 +87,7 @@ def line_chart(series: list[Series], *, title: str, y_label: str = "", x_label: 
     for t in nice_ticks(y_lo, y_hi, 4):
         out.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#ddd"/>'
                    f'<text x="{left - 4}" y="{py(t) + 4:.1f}" text-anchor="end" font-size="10">{_fmt(t)}</text>')
-    x_ticks = [t for t in nice_ticks(x_lo, x_hi, 6) if float(t).is_integer() or x_hi - x_lo < 6]
+    x_ticks = [t for t in nice_ticks(x_lo, x_hi, 6) if float(t).is_integer()] or [x_lo, x_hi]  # steps, versions
     for t in x_ticks:
         out.append(f'<text x="{px(t):.1f}" y="{top + ph + 14}" text-anchor="middle" font-size="10">{_fmt(t)}</text>')
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
