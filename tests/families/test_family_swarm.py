@@ -2,8 +2,9 @@
 backend over real libp2p on 127.0.0.1: each node converts the directory for its backend itself
 (llama.cpp's converter to GGUF, mlx-lm), every step trains on rollouts of all three, and the
 behaviour log-probs they report agree with the learner's fp32 recomputation
-(``train.behaviour_check``). About a minute on an idle two-core machine (several when it is busy), hence ``slow`` (``make test-slow``);
-``docs/benchmarks.md`` reports the same run through ``swarm-learner demo``."""
+(``train.behaviour_check``). About a minute on an idle two-core machine, several when it is
+busy, hence ``slow`` (``make test-slow``); ``docs/benchmarks.md`` reports the same run through
+``swarm-learner demo``."""
 
 from __future__ import annotations
 
