@@ -30,6 +30,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from learner.web.page import charts_html, charts_key, page_html, sections
+from learner.web.state import json_safe
 
 log = logging.getLogger("echo_swarm.dashboard")
 
@@ -125,7 +126,7 @@ def create_app(snapshot: Callable[[], dict], wait_changed: Callable[[], Awaitabl
     def api(part: str):
         async def endpoint(request: Request) -> JSONResponse:
             snap = snapshot()
-            return JSONResponse(snap if part == "snapshot" else snap[part])
+            return JSONResponse(json_safe(snap if part == "snapshot" else snap[part]))
         return endpoint
 
     async def metrics(request: Request) -> Response:

@@ -10,6 +10,7 @@ defaults and shown only when present.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -250,3 +251,14 @@ def snapshot(src: DashboardSource, now_wall: float | None = None) -> dict:
         "dissem": dissem_view(getattr(service, "dissem", None)),
         "ledger": ledger_view(service.coordinator),
     }
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (strict JSON has no NaN/inf)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

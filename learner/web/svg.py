@@ -17,7 +17,7 @@ PALETTE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00")
 @dataclass
 class Series:
     name: str
-    #: (x, y) points; a ``None`` y is skipped (no point, the line breaks).
+    #: (x, y) points; a ``None`` (or non-finite) y is skipped (no point, the line breaks).
     points: list[tuple[float, float | None]] = field(default_factory=list)
     color: str = ""
     #: Draw a circle at each point.
@@ -57,6 +57,8 @@ def line_chart(series: list[Series], *, title: str, y_label: str = "", x_label: 
                y_max: float | None = None, chart_id: str = "") -> str:
     """An SVG line chart of ``series`` (an empty chart says "no data yet")."""
     left, right, top, bottom = 48, 12, 26, 34
+    series = [Series(s.name, [(x, y if y is not None and math.isfinite(y) else None) for x, y in s.points],
+                     s.color, s.markers, s.line, s.width) for s in series]  # NaN/inf: a gap
     pw, ph = width - left - right, height - top - bottom
     xs = [x for s in series for x, y in s.points if y is not None]
     ys = [y for s in series for _, y in s.points if y is not None]

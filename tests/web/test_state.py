@@ -101,3 +101,11 @@ def test_incremental_steps_view_equals_the_full_one():
         assert got == steps_view(rows[:n])
     assert [s["reward_rolling"] for s in got] == [round(x, 4) for x in rolling_mean([r["reward_mean"] for r in rows])]
     assert view.update(rows[:2]) == steps_view(rows[:2])  # a shorter history (resumed run) starts over
+
+
+def test_json_safe_drops_non_finite_floats():
+    from learner.web.state import json_safe
+
+    out = json_safe({"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -float("inf"), "e": "x"}})
+    assert out == {"a": None, "b": [1.5, None], "c": {"d": None, "e": "x"}}
+    json.dumps(out, allow_nan=False)

@@ -33,3 +33,9 @@ def test_nice_ticks():
     assert nice_ticks(3, 3) == [3.0, 3.2, 3.4, 3.6, 3.8, 4.0]  # an empty range becomes [lo, lo + 1]
     assert nice_ticks(-0.3, 0.1, 4) == [-0.3, -0.2, -0.1, 0.0, 0.1]
     assert nice_ticks(float("nan"), 1) == []
+
+
+def test_non_finite_values_are_gaps():
+    svg = line_chart([Series("a", [(1, 0.5), (2, float("nan")), (3, float("inf")), (4, 0.7)])], title="t")
+    root = ET.fromstring(svg)
+    assert [c.get("data-x") for c in root.findall(f"{NS}circle")] == ["1", "4"] and "nan" not in svg
