@@ -181,6 +181,7 @@ class LearnerConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     dissem: DissemConfig = field(default_factory=lambda: DissemConfig())
     dashboard: DashboardConfig = field(default_factory=lambda: DashboardConfig())
+    verify: VerifyConfig = field(default_factory=lambda: VerifyConfig())
     run: RunConfig = field(default_factory=lambda: RunConfig())
 
 
@@ -238,3 +239,25 @@ class DissemConfig:
     dial_back_timeout_s: float = 4.0
     #: Deadline (s) of a node's whole dial-back, however many addresses it advertises.
     dial_back_budget_s: float = 12.0
+
+
+@dataclass
+class VerifyConfig:
+    """Rollout verification (``learner/verify.py``): the learner re-scores sampled groups under
+    the version they claim and refuses nodes whose rollouts were not sampled from it."""
+
+    #: Verify rollouts at all.
+    enabled: bool = True
+    #: Fraction of groups verified after a node's first ones (random, within the budget).
+    sample_frac: float = 0.25
+    #: A node's first this many groups are all verified (whatever the budget).
+    first_groups: int = 2
+    #: Most seconds of verification per learner step beyond the first groups (0 = no limit).
+    budget_s_per_step: float = 10.0
+    #: Per backend: most mean |claimed - recomputed| log-prob per token over a group (``default``
+    #: for unlisted backends). Calibrated on honest nodes: see ``docs/security.md``.
+    max_mean_abs_diff: dict[str, float] = field(default_factory=lambda: {
+        "llamacpp": 0.35, "torch": 0.05, "mlx": 0.05, "default": 0.35})
+    #: Most |z| of a group's surprisal z-score (sampled text has z about N(0, 1) plus a small
+    #: quantisation shift). Calibrated on honest nodes: see ``docs/security.md``.
+    max_abs_z: float = 8.0

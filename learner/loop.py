@@ -172,6 +172,11 @@ async def run_learner(
     from learner.admission import build_admission  # who may join, per-peer caps (learner/admission.py)
 
     service.admission = build_admission(cfg.network, run_dir / "identity")
+    if cfg.verify.enabled:  # re-score sampled rollouts under their version (learner/verify.py)
+        from learner.verify import Verifier
+
+        service.verifier = Verifier(trainer, cfg.verify, t.temperature, t.top_p, state.version, seed=t.seed)
+        trainer.train_step = service.verifier.exclusive(trainer.train_step)
     metrics = MetricsWriter(run_dir, resume=resume, resume_step=state.step)
     host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s)
     service.run_name = name
@@ -207,6 +212,8 @@ async def run_learner(
             step_fn = async_step if cfg.sync.mode == "async" else sequential_step
             while state.step < t.steps:
                 row = await step_fn(ctx)
+                if service.verifier is not None:
+                    row.update(service.verifier.take_metrics())
                 state.wall_s = time.perf_counter() - t_start
                 row["wall_s"] = round(state.wall_s, 2)
                 metrics.write(row)

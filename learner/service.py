@@ -82,6 +82,8 @@ class LearnerService:
     episode: Any = None
     #: Who may join and how much each peer may ask (``learner.admission.Admission``); None = anyone, no caps.
     admission: Any = None
+    #: Rollout verification (``learner.verify.Verifier``); None = pushes are not re-scored.
+    verifier: Any = None
     #: The run's name (``learner.identity.run_name``): in every hello ack; a node that asked
     #: for another run (``--run``) is refused. Empty = no check.
     run_name: str = ""
@@ -260,6 +262,11 @@ class LearnerService:
             log.warning("refused a push of %d group(s) from %s: %s", len(rejected), short(peer_id), refusal)
             self.notify()
             return RolloutAck(accepted_groups=0, rejected_groups=len(rejected), rejections=rejected)
+        from learner.verify import screen_push  # re-score sampled groups; untrust a cheating node
+
+        unverified = await screen_push(self, peer_id, msg)
+        if unverified:
+            return RolloutAck(accepted_groups=0, rejected_groups=len(unverified), rejections=unverified)
         accepted, rejected = self.coordinator.submit(peer_id, msg.lease_id, msg.groups, trio.current_time())
         by_id = {g.group_id: g for g in msg.groups}
         n_completions = sum(len(by_id[g].completions) for g in accepted)

@@ -37,16 +37,21 @@ def spawn(addr: str, tmp: Path, name: str, mode: str | None = None) -> subproces
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[tuple[str, str | None]], seconds: float) -> dict:
+def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[tuple[str, str | None]], seconds: float,
+        min_waiting: int = 0) -> dict:
     procs: list[subprocess.Popen] = []
     seen: dict = {}
+
+    def on_service(svc):
+        svc.min_waiting = min_waiting  # hold the first leases until this many nodes wait
+        seen["svc"] = svc
 
     async def main():
         with trio.fail_after(seconds):
             async with trio.open_nursery() as nursery:
                 addrs = await nursery.start(lambda task_status: run_learner(
                     cfg, tmp_path / "run", console=lambda s: None,
-                    on_service=lambda s: seen.setdefault("svc", s), task_status=task_status))
+                    on_service=on_service, task_status=task_status))
                 for name, mode in nodes:
                     procs.append(spawn(addrs[0], tmp_path, name, mode))
 
@@ -118,3 +123,32 @@ def test_allowlist_run_refuses_a_stranger_with_a_reason_and_admits_a_token_holde
     assert "learner refused the join: not on this run's allowlist and no join token" in stranger, stranger
     assert "retry 1 in 7.5s" in stranger or "retry 1 in 7." in stranger, stranger
     assert "joined learner" not in stranger
+
+
+@pytest.mark.slow
+def test_cheaters_are_caught_at_their_first_group_and_nothing_of_theirs_is_trained(tmp_path):
+    """Four dishonest nodes (made-up log-probs; its own text with the true log-probs; another
+    adapter; another model) beside one honest node, verification on with its default
+    thresholds: each cheater is untrusted at its first verified group (a new node's first groups
+    are always verified), refused from then on, and every trained group came from the honest node."""
+    cheats = ["made_up", "doctored", "other_adapter", "other_model"]
+    cfg = config("train.group_size=4", "train.max_tokens=32", "train.prompts_per_step=5")
+    seen = run(tmp_path, cfg, [(m, m) for m in cheats] + [("honest", None)], seconds=900, min_waiting=5)
+    svc = seen["svc"]
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    untrusted = svc.admission.untrusted
+    logs = {m: (tmp_path / f"{m}.log").read_text() for m in cheats + ["honest"]}
+    peer_of = {m: next(line.split()[2] for line in logs[m].splitlines() if line.startswith(f"[{m}] peer "))
+               for m in cheats + ["honest"]}
+    for m in cheats:
+        assert peer_of[m] in untrusted, (m, untrusted, logs[m][-2000:])
+        assert "unverified" in untrusted[peer_of[m]]
+        assert "untrusted for the rest of this run" in logs[m], logs[m][-2000:]
+    assert peer_of["honest"] not in untrusted
+    trained_by = {p for r in rows for p in r["nodes"]}
+    assert trained_by == {peer_of["honest"]}, (trained_by, peer_of)
+    assert svc.coordinator.counts() == {"trained": 10}
+    assert sum(r["verify_failed"] for r in rows) == len(cheats)
+    assert sum(r["verify_groups"] for r in rows) >= 2
+    print("verification per step:", [(r["verify_groups"], r["verify_s"]) for r in rows])

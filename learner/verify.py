@@ -1,0 +1,240 @@
+"""Rollout verification: the learner re-scores a sample of pushed groups under the adapter version
+they claim, and refuses nodes whose rollouts were not sampled from that policy.
+
+For every verified group the learner runs its own model (fp32, the lease's version, the run's
+temperature) over prompt + completion and gets, at each model token t, the recomputed log-prob
+``lp_t`` of the token, the policy's entropy ``H_t`` and the variance ``V_t`` of the surprisal
+``-log p`` under the policy. Two tests, both pure functions of those numbers (:func:`group_stats`,
+:func:`judge`):
+
+1. **Claims** — ``mean |claimed_t - lp_t|`` over the group's model tokens must stay under a
+   per-backend threshold (``verify.max_mean_abs_diff``). Honest nodes differ only by their
+   numerics (llama.cpp on Q4_1 weights vs the learner's fp32); made-up log-probs, another
+   adapter or another model do not match.
+2. **Likelihood** — text that was really sampled from the policy at temperature T has
+   ``E[-log p(x_t)] = H_t`` and variance ``V_t`` at every step, so over the group
+   ``z = sum_t(-lp_t - H_t) / sqrt(sum_t V_t)`` is about standard normal (a martingale CLT; the
+   quantised node samples from a slightly different distribution, which shifts z a little:
+   hence a calibrated bound). Text a node wrote itself and scored honestly has claims that match
+   any recomputation, but it is far less (or, if it is greedy text, far more) likely than
+   sampled text: ``|z|`` grows like the square root of the tokens inserted. The test needs
+   ``top_p = 1`` and ``temperature > 0`` (otherwise only the claims are checked).
+
+Which groups: all of a node's first ``verify.first_groups`` groups, then a ``verify.sample_frac``
+random fraction, within a per-step budget of seconds (``verify.budget_s_per_step``; the first
+groups of a new node are always checked). A group is verifiable while its version is the
+learner's current weights; a group of an older version (async mode, while training) is counted
+as ``verify_skipped``. A node that fails is untrusted for the rest of the run: its leases are
+revoked, its untrained groups are dropped (``unverified``) and re-issued to others, and it is
+refused at every later request (:mod:`learner.admission`).
+
+Thresholds and their measurement: ``docs/security.md`` and ``bench/verify_calib.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("echo_swarm.learner")
+
+
+@dataclass
+class GroupStats:
+    #: Model tokens scored.
+    tokens: int
+    #: Mean |claimed - recomputed| log-prob over them.
+    mean_abs_diff: float
+    #: Surprisal z-score of the group (None when the test does not apply).
+    z: float | None
+
+
+@dataclass
+class Scored:
+    """The learner's view of one completion: per model token, recomputed log-prob, entropy and
+    surprisal variance under the policy (arrays of equal length)."""
+
+    logprobs: np.ndarray
+    entropy: np.ndarray
+    variance: np.ndarray
+
+
+def group_stats(claimed: list[list[float]], masks: list[list[int]], scored: list[Scored], with_z: bool) -> GroupStats:
+    """Both test statistics of one group (see the module docstring). ``masks[i]`` empty: all
+    tokens of completion i are model tokens."""
+    diffs, excess, var = [], 0.0, 0.0
+    for lps, mask, s in zip(claimed, masks, scored):
+        keep = np.asarray(mask, dtype=bool) if mask else np.ones(len(lps), dtype=bool)
+        c = np.asarray(lps, dtype=np.float64)[keep]
+        r, h, v = s.logprobs[keep], s.entropy[keep], s.variance[keep]
+        diffs.append(np.abs(c - r))
+        excess += float(np.sum(-r - h))
+        var += float(np.sum(np.maximum(v, 0.0)))
+    d = np.concatenate(diffs) if diffs else np.zeros(0)
+    z = excess / math.sqrt(var) if with_z and var > 1e-9 else None
+    return GroupStats(int(d.size), float(d.mean()) if d.size else 0.0, z)
+
+
+def judge(stats: GroupStats, max_mean_abs_diff: float, max_abs_z: float) -> str | None:
+    """Why a group fails verification, or ``None``."""
+    if stats.tokens == 0:
+        return None
+    if stats.mean_abs_diff > max_mean_abs_diff:
+        return (f"claimed log-probs differ from the policy's by {stats.mean_abs_diff:.3f} per token "
+                f"(at most {max_mean_abs_diff})")
+    if stats.z is not None and abs(stats.z) > max_abs_z:
+        return (f"text unlikely to be sampled from the policy: surprisal z = {stats.z:+.1f} over "
+                f"{stats.tokens} tokens (|z| at most {max_abs_z})")
+    return None
+
+
+def wants_check(groups_seen: int, first_groups: int, frac: float, budget_left_s: float, u: float) -> bool:
+    """Whether to verify a peer's next group: its first ``first_groups`` always, then with
+    probability ``frac`` (``u`` uniform in [0, 1)) while the step's budget lasts."""
+    if groups_seen < first_groups:
+        return True
+    return budget_left_s > 0 and u < frac
+
+
+@dataclass
+class Verifier:
+    """Scores groups with the learner's own model; serialised with training by :attr:`lock`."""
+
+    trainer: Any
+    cfg: Any  # learner.config.VerifyConfig
+    temperature: float
+    top_p: float
+    #: The version of the weights the trainer holds now (advanced by :meth:`exclusive`).
+    weights_version: int
+    seed: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Groups seen per peer (for "first groups").
+    seen: dict[str, int] = field(default_factory=dict)
+    #: Figures since the last :meth:`take_metrics`.
+    spent_s: float = 0.0
+    checked: int = 0
+    skipped: int = 0
+    failed: int = 0
+    #: Every verified group: (peer, backend, stats) — the measured distribution.
+    history: list[tuple[str, str, GroupStats]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def exclusive(self, train_step):
+        """Wrap the trainer's ``train_step``: no scoring while weights change, and the weights'
+        version advances with every step."""
+        def run(*args, **kwargs):
+            with self.lock:
+                out = train_step(*args, **kwargs)
+                self.weights_version += 1
+                return out
+        return run
+
+    def threshold(self, backend: str) -> float:
+        table = self.cfg.max_mean_abs_diff
+        return float(table.get(backend, table.get("default", 1.0)))
+
+    def pick(self, peer_id: str) -> bool:
+        n = self.seen.get(peer_id, 0)
+        self.seen[peer_id] = n + 1
+        budget = self.cfg.budget_s_per_step - self.spent_s if self.cfg.budget_s_per_step > 0 else 1.0
+        return wants_check(n, self.cfg.first_groups, self.cfg.sample_frac, budget, self._rng.random())
+
+    def score(self, prompt_ids: list[int], completions: list[list[int]], version: int) -> list[Scored] | None:
+        """Recompute (blocking; run in a thread). ``None`` if ``version`` is no longer the weights'."""
+        import torch
+
+        with self.lock:
+            if version != self.weights_version:
+                return None
+            model, dev, t = self.trainer.model, self.trainer.device, max(float(self.temperature), 1e-6)
+            model.eval()
+            out = []
+            with torch.inference_mode():
+                for ids in completions:
+                    x = torch.tensor([list(prompt_ids) + list(ids)], dtype=torch.long, device=dev)
+                    p0 = len(prompt_ids) - 1
+                    logits = model(input_ids=x).logits[0, p0:p0 + len(ids)].float() / t  # [T, V]
+                    logp = torch.log_softmax(logits, dim=-1)
+                    p = logp.exp()
+                    tok = torch.tensor(list(ids), dtype=torch.long, device=dev)
+                    lp = logp.gather(1, tok[:, None])[:, 0]
+                    h = -(p * logp).sum(-1)
+                    e2 = (p * logp * logp).sum(-1)
+                    out.append(Scored(lp.double().cpu().numpy(), h.double().cpu().numpy(),
+                                      (e2 - h * h).double().cpu().numpy()))
+            return out
+
+    def check_group(self, peer_id: str, backend: str, prompt_ids: list[int], result) -> str | None:
+        """Verify one group (blocking). Returns the failure reason or ``None``."""
+        t0 = time.perf_counter()
+        try:
+            scored = self.score(prompt_ids, [c.token_ids for c in result.completions], result.version)
+        finally:
+            self.spent_s += time.perf_counter() - t0
+        if scored is None:
+            self.skipped += 1
+            return None
+        with_z = self.temperature > 0 and self.top_p >= 1.0
+        stats = group_stats([c.logprobs for c in result.completions], [c.mask for c in result.completions],
+                            scored, with_z)
+        self.checked += 1
+        self.history.append((peer_id, backend, stats))
+        reason = judge(stats, self.threshold(backend), self.cfg.max_abs_z)
+        if reason is not None:
+            self.failed += 1
+        return reason
+
+    def take_metrics(self) -> dict[str, float]:
+        out = {"verify_groups": self.checked, "verify_skipped": self.skipped, "verify_failed": self.failed,
+               "verify_s": round(self.spent_s, 3)}
+        self.spent_s, self.checked, self.skipped, self.failed = 0.0, 0, 0, 0
+        return out
+
+
+async def screen_push(service, peer_id: str, msg) -> dict[str, str] | None:
+    """Verify the sampled groups of a push before the coordinator sees it. On failure the peer is
+    untrusted from now on (leases revoked, untrained groups re-issued) and every group of the
+    push is refused; returns the rejections for the ack, or ``None`` if the push may proceed."""
+    import trio
+
+    from learner.coordinator import validate_group
+
+    v: Verifier | None = getattr(service, "verifier", None)
+    coord = service.coordinator
+    if v is None or not msg.groups:
+        return None
+    lease = coord.leases.get(msg.lease_id) or coord.expired.get(msg.lease_id)
+    if lease is None or lease.peer_id != peer_id:
+        return None  # the coordinator refuses it anyway
+    backend = service.nodes[peer_id].hello.backend if peer_id in service.nodes else ""
+    for g in msg.groups:
+        spec = coord.specs.get(g.group_id)
+        if spec is None or validate_group(g, lease, coord.limits) is not None or not v.pick(peer_id):
+            continue
+        reason = await trio.to_thread.run_sync(v.check_group, peer_id, backend, spec.prompt_ids, g)
+        if reason is not None:
+            why = f"unverified: group {g.group_id}: {reason}"
+            untrust(service, peer_id, why)
+            return {x.group_id: why for x in msg.groups}
+    return None
+
+
+def untrust(service, peer_id: str, reason: str) -> None:
+    """Mark ``peer_id`` untrusted for the run: refused at join, leases revoked, its untrained
+    groups dropped (``unverified``) and pending again for other nodes."""
+    if service.admission is not None:
+        service.admission.mark_untrusted(peer_id, reason)
+    back = service.coordinator.revoke_peer(peer_id, "unverified")
+    service.nodes.pop(peer_id, None)
+    log.warning("node %s is untrusted for the rest of the run (%s); %d group(s) re-issued",
+                peer_id[-6:], reason, len(back))
+    service.notify()

@@ -1,0 +1,97 @@
+"""Rollout verification's pure parts: the two statistics on synthetic policies, the verdict, the
+sampling of groups; and the untrust path on a real coordinator."""
+
+import math
+import types
+
+import numpy as np
+import pytest
+
+from learner.verify import GroupStats, Scored, Verifier, group_stats, judge, wants_check
+
+
+def policy(rng, steps, vocab=64, sharp=2.0):
+    logits = rng.normal(0, sharp, (steps, vocab))
+    return logits - np.log(np.exp(logits).sum(1, keepdims=True))  # log-probs [steps, V]
+
+
+def scored_for(logp, tokens):
+    p = np.exp(logp)
+    h = -(p * logp).sum(1)
+    v = (p * logp * logp).sum(1) - h * h
+    return Scored(logp[np.arange(len(tokens)), tokens], h, v)
+
+
+def group(rng, choose, n=8, steps=48, noise=0.0):
+    claimed, scored = [], []
+    for _ in range(n):
+        logp = policy(rng, steps)
+        tokens = np.array([choose(rng, row) for row in logp])
+        s = scored_for(logp, tokens)
+        claimed.append(list(s.logprobs + rng.normal(0, noise, steps)))
+        scored.append(s)
+    return group_stats(claimed, [[]] * n, scored, with_z=True)
+
+
+sample = lambda rng, row: rng.choice(len(row), p=np.exp(row))  # noqa: E731
+greedy = lambda rng, row: int(np.argmax(row))  # noqa: E731
+uniform = lambda rng, row: int(rng.integers(len(row)))  # noqa: E731
+
+
+def test_sampled_text_has_a_standard_normal_surprisal_z():
+    rng = np.random.default_rng(0)
+    zs = np.array([group(rng, sample).z for _ in range(300)])
+    assert abs(zs.mean()) < 0.2 and 0.8 < zs.std() < 1.2
+    assert np.abs(zs).max() < 5
+
+
+def test_inserted_text_is_far_from_sampled_whether_unlikely_or_greedy():
+    rng = np.random.default_rng(1)
+    for choose in (uniform, greedy):
+        st = group(rng, choose)
+        assert st.mean_abs_diff == 0.0  # true log-probs: the claims match exactly
+        assert abs(st.z) > 10 and judge(st, 0.3, 8.0).startswith("text unlikely")
+
+
+def test_only_a_few_inserted_tokens_among_sampled_ones_shift_z_with_their_count():
+    rng = np.random.default_rng(2)
+    mixed = lambda rng, row: uniform(rng, row) if rng.random() < 0.25 else sample(rng, row)  # noqa: E731
+    assert group(rng, mixed).z > 8
+
+
+def test_claims_must_match_the_recomputation():
+    rng = np.random.default_rng(3)
+    honest = group(rng, sample, noise=0.05)
+    assert judge(honest, 0.3, 8.0) is None
+    made_up = group(rng, sample, noise=1.0)
+    assert judge(made_up, 0.3, 8.0).startswith("claimed log-probs differ")
+
+
+def test_masked_environment_tokens_are_not_scored():
+    s = Scored(np.array([-1.0, -5.0]), np.array([1.0, 1.0]), np.array([1.0, 1.0]))
+    st = group_stats([[-1.0, 0.0]], [[1, 0]], [s], with_z=True)
+    assert st.tokens == 1 and st.mean_abs_diff == 0.0 and st.z == 0.0
+    assert group_stats([[-1.0]], [[]], [Scored(*(np.array([-1.0]),) * 3)], with_z=False).z is None
+    assert judge(GroupStats(0, 9.0, 99.0), 0.1, 1.0) is None
+
+
+@pytest.mark.parametrize("seen,frac,budget,u,want", [
+    (0, 0.0, 0.0, 0.99, True), (1, 0.0, -1.0, 0.0, True), (2, 0.25, 5.0, 0.1, True),
+    (2, 0.25, 5.0, 0.3, False), (2, 1.0, 0.0, 0.0, False),
+])
+def test_which_groups_are_checked(seen, frac, budget, u, want):
+    assert wants_check(seen, 2, frac, budget, u) is want
+
+
+def test_training_advances_the_weights_version_and_stale_groups_are_skipped():
+    cfg = types.SimpleNamespace(first_groups=2, sample_frac=0.0, budget_s_per_step=1.0,
+                                max_mean_abs_diff={"default": 0.3}, max_abs_z=8.0)
+    v = Verifier(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=3)
+    step = v.exclusive(lambda batch: {"loss": 0.0})
+    assert step([]) == {"loss": 0.0} and v.weights_version == 4
+    assert v.score([1, 2], [[3]], version=3) is None  # v3 is gone: not scored against v4 weights
+    result = types.SimpleNamespace(version=3, completions=[types.SimpleNamespace(token_ids=[3], logprobs=[-1.0], mask=[])])
+    assert v.check_group("p", "llamacpp", [1, 2], result) is None
+    assert v.take_metrics()["verify_skipped"] == 1 and v.take_metrics()["verify_skipped"] == 0
+    assert [v.pick("p") for _ in range(3)] == [True, True, False]
+    assert math.isclose(v.threshold("torch"), 0.3)
