@@ -1,7 +1,8 @@
 """Pipeline-sharded generation: k stage processes over libp2p against the whole model on one node.
 
 ``swarm-bench pipeline --stages 3`` starts ``k`` stage processes (``node_agents.stages.serve``,
-torch backend) on loopback, with layers split by the allocator's water-filling (equal speeds),
+torch backend) on loopback, with layers split by the allocator's water-filling (equal speeds; the last stage's LM head counted
+as fixed work; ``--even`` splits evenly),
 and a head in this process. It generates ``k`` GRPO groups three ways:
 
 - ``whole``: the torch backend holding the whole model, one group after another;
@@ -38,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wire-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--threads", type=int, default=1, help="torch threads per stage process and for the whole model")
     p.add_argument("--device", default=None, help="torch device of the stages and the whole model (default: auto)")
+    p.add_argument("--even", action="store_true",
+                   help="split layers evenly instead of by the allocator (which counts the LM head's compute)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
 
 
@@ -124,14 +127,16 @@ def run(args: argparse.Namespace) -> None:
     from node_agents.backends.eog import eog_token_ids
     from node_agents.backends.torch_backend import TorchBackend
     from node_agents.models import resolve_for_backend
-    from swarm.pipeline.allocate import water_fill
+    from swarm.pipeline.allocate import model_spec_from_hf_config, water_fill
 
     hf_dir = resolve_for_backend(args.model, "torch")
-    n_layers = int(json.loads((hf_dir / "config.json").read_text())["num_hidden_layers"])
+    config = json.loads((hf_dir / "config.json").read_text())
+    n_layers = int(config["num_hidden_layers"])
     k = int(args.stages)
     if not 1 <= k <= n_layers:
         raise SystemExit(f"--stages must lie in [1, {n_layers}]")
-    sizes = water_fill(n_layers, [n_layers] * k, [1.0] * k)
+    head = 0.0 if args.even else model_spec_from_hf_config(config).head_compute_layers
+    sizes = water_fill(n_layers, [n_layers] * k, [1.0] * k, [0.0] * (k - 1) + [head])
     ranges, at = [], 0
     for s in sizes:
         ranges.append((at, at + s))

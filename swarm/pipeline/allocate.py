@@ -23,8 +23,10 @@ Three decisions, each a pure function:
    stays out and the plan lists it as ``spare``. Then any member whose removal raises its
    pipeline's throughput is dropped to ``spare`` (the fewest-stages covering ignores speed).
 3. **Water-filling** (:func:`water_fill`): inside a pipeline, stage ``i`` gets
-   ``l_i = min(cap_i, lambda * v_i)`` layers with ``lambda`` chosen (bisection) so that the
-   ``l_i`` sum to ``L``; rounded by largest remainder without exceeding a capacity and with at
+   ``l_i = min(cap_i, lambda * v_i - o_i)`` layers with ``lambda`` chosen (bisection) so that
+   the ``l_i`` sum to ``L``, where ``o_i`` is fixed work: the LM head's compute on the last
+   stage (``ModelSpec.head_compute_layers``; about 8 layers for SmolLM2-135M, whose head is
+   large against its layers); rounded by largest remainder without exceeding a capacity and with at
    least one layer per stage. The two largest-capacity nodes take the end stages (they absorb
    the embedding and the head). Stages are ordered first, middles (fastest first), last.
 
@@ -33,9 +35,10 @@ nodes, and switches to a full fresh plan only when it predicts at least ``min_ga
 throughput and the last full re-plan is ``cooldown_s`` old: the rule against thrashing.
 
 Speeds: ``NodeSpec.tokens_per_s`` is what the node would decode running the *whole* model
-alone (measured with ``swarm-node probe``, or estimated); a stage of ``l`` layers then runs at
-``tokens_per_s * L / l``. A pipeline with groups in flight runs at its slowest stage:
-``1 / max_i (l_i / (v_i * L) + hop_s)``, with ``hop_s`` the per-token cost of one hop.
+alone (measured with ``swarm-node probe``, or estimated), i.e. ``v * (L + H)`` layer units/s
+with ``H`` the head's compute. A pipeline with groups in flight runs at its slowest stage:
+``1 / max_i ((l_i + o_i) / (v_i * (L + H)) + hop_s)``, with ``hop_s`` the per-token cost of
+one hop.
 """
 
 from __future__ import annotations
@@ -61,11 +64,14 @@ class ModelSpec:
     head_bytes: int
     #: KV-cache bytes per token per layer (``2 * kv_heads * head_dim * dtype_bytes``).
     kv_bytes_per_token: int
+    #: Compute of the LM head per token, in decoder-layer equivalents (``vocab * hidden`` over
+    #: a layer's weights): fixed work of the last stage that water-filling accounts for.
+    head_compute_layers: float = 0.0
 
     def __post_init__(self) -> None:
         if self.n_layers < 1 or self.layer_bytes < 1:
             raise ValueError("ModelSpec needs n_layers >= 1 and layer_bytes >= 1")
-        if min(self.embed_bytes, self.head_bytes, self.kv_bytes_per_token) < 0:
+        if min(self.embed_bytes, self.head_bytes, self.kv_bytes_per_token, self.head_compute_layers) < 0:
             raise ValueError("ModelSpec byte counts must not be negative")
 
 
@@ -190,30 +196,36 @@ def model_spec_from_hf_config(config: dict, dtype_bytes: int = 2) -> ModelSpec:
         n_layers=int(config["num_hidden_layers"]), layer_bytes=(attn + mlp) * dtype_bytes,
         embed_bytes=vocab * h * dtype_bytes, head_bytes=vocab * h * dtype_bytes + h * dtype_bytes,
         kv_bytes_per_token=2 * kv_heads * head_dim * dtype_bytes,
+        head_compute_layers=vocab * h / (attn + mlp),
     )
 
 
 # ---------------------------------------------------------------------------- water-filling
 
 
-def water_fill(n_layers: int, caps: list[int], speeds: list[float]) -> list[int]:
-    """Layers per stage: proportional to ``speeds``, capped by ``caps``, at least 1 each,
-    summing to ``n_layers`` (largest-remainder rounding). Raises ``ValueError`` when the
-    capacities cannot hold ``n_layers`` or there are more stages than layers."""
+def water_fill(n_layers: int, caps: list[int], speeds: list[float], offsets: list[float] | None = None) -> list[int]:
+    """Layers per stage so that every stage's work ``l_i + offsets[i]`` is proportional to its
+    speed, capped by ``caps``, at least 1 layer each, summing to ``n_layers`` (largest-remainder
+    rounding). ``offsets`` is fixed work in layer equivalents (the LM head on the last stage).
+    Raises ``ValueError`` when the capacities cannot hold ``n_layers`` or there are more
+    stages than layers."""
     n = len(caps)
     if n == 0 or n > n_layers or sum(caps) < n_layers or min(caps) < 1:
         raise ValueError(f"cannot place {n_layers} layers on capacities {caps}")
     if min(speeds) <= 0:
         raise ValueError("speeds must be positive")
+    offs = [0.0] * n if offsets is None else [float(o) for o in offsets]
+    if len(offs) != n or min(offs) < 0:
+        raise ValueError("offsets must be one non-negative number per stage")
 
-    def filled(lam: float) -> float:
-        return sum(min(c, lam * v) for c, v in zip(caps, speeds))
+    def share(lam: float) -> list[float]:
+        return [min(c, max(1.0, lam * v - o)) for c, v, o in zip(caps, speeds, offs)]
 
-    lo, hi = 0.0, max(c / v for c, v in zip(caps, speeds))
+    lo, hi = 0.0, max((c + o) / v for c, v, o in zip(caps, speeds, offs))
     for _ in range(200):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if filled(mid) < n_layers else (lo, mid)
-    ideal = [min(c, hi * v) for c, v in zip(caps, speeds)]
+        lo, hi = (mid, hi) if sum(share(mid)) < n_layers else (lo, mid)
+    ideal = share(hi)
     out = [max(1, min(c, math.floor(x))) for c, x in zip(caps, ideal)]
     # largest remainder: hand out (or take back) single layers by how far each is from ideal
     while sum(out) < n_layers:
@@ -225,10 +237,14 @@ def water_fill(n_layers: int, caps: list[int], speeds: list[float]) -> list[int]
     return out
 
 
-def pipeline_throughput(layers: list[int], speeds: list[float], n_layers: int, hop_s: float = 0.0) -> float:
-    """Tokens/s of a pipeline with groups in flight: its slowest stage sets the pace."""
+def pipeline_throughput(layers: list[int], speeds: list[float], n_layers: int, hop_s: float = 0.0,
+                        offsets: list[float] | None = None) -> float:
+    """Tokens/s of a pipeline with groups in flight: its slowest stage sets the pace. A node of
+    speed ``v`` (whole model, tokens/s) does ``v * (n_layers + sum(offsets))`` layer units/s."""
+    offs = [0.0] * len(layers) if offsets is None else offsets
+    units = n_layers + sum(offs)
     hops = hop_s if len(layers) > 1 else 0.0
-    return 1.0 / max(l / (v * n_layers) + hops for l, v in zip(layers, speeds))
+    return 1.0 / max((l + o) / (v * units) + hops for l, v, o in zip(layers, speeds, offs))
 
 
 def build_pipeline(members: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg: PlanConfig) -> Pipeline | None:
@@ -252,12 +268,13 @@ def build_pipeline(members: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg:
     if min(stage_caps) < 1 or sum(stage_caps) < L or len(ordered) > L:
         return None
     speeds = [m.tokens_per_s for m in ordered]
-    layers = water_fill(L, stage_caps, speeds)
+    offsets = [0.0] * (len(ordered) - 1) + [model.head_compute_layers]
+    layers = water_fill(L, stage_caps, speeds, offsets)
     stages, start = [], 0
     for m, n in zip(ordered, layers):
         stages.append(Stage(m.node_id, start, start + n))
         start += n
-    return Pipeline(tuple(stages), pipeline_throughput(layers, speeds, L, cfg.hop_s))
+    return Pipeline(tuple(stages), pipeline_throughput(layers, speeds, L, cfg.hop_s, offsets))
 
 
 # ---------------------------------------------------------------------------- formation

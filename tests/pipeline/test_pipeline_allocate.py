@@ -56,6 +56,7 @@ def test_model_spec_from_smollm2_config():
     assert spec.layer_bytes == (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536) * 4
     assert spec.kv_bytes_per_token == 2 * 3 * 64 * 4
     assert spec.embed_bytes == 49152 * 576 * 4 and spec.n_layers == 30
+    assert spec.head_compute_layers == pytest.approx(8.0)  # 49152*576 over 3538944 weights per layer
 
 
 # ---------------------------------------------------------------- s*(k)
@@ -122,6 +123,9 @@ def test_water_fill_hand_checked():
     assert water_fill(12, [12, 12, 4], [1, 1, 2]) == [4, 4, 4]  # the fast node is capped
     assert water_fill(10, [10, 10, 10], [1, 1, 1]) == [4, 3, 3]  # largest remainder, ties by order
     assert water_fill(5, [5, 5], [100, 1]) == [4, 1]  # at least one layer per stage
+    # the last stage also runs an LM head worth 8 layers: equal work is 38/3 per stage
+    assert water_fill(30, [30, 30, 30], [1, 1, 1], [0, 0, 8]) == [13, 13, 4]
+    assert water_fill(10, [10, 10], [1, 1], [0, 30]) == [9, 1]  # never below one layer
     with pytest.raises(ValueError):
         water_fill(10, [3, 3, 3], [1, 1, 1])
     with pytest.raises(ValueError):
@@ -130,20 +134,24 @@ def test_water_fill_hand_checked():
 
 def test_water_fill_against_brute_force():
     rng = random.Random(3)
-    for _ in range(300):
+    for _ in range(400):
         n = rng.randint(1, 4)
         L = rng.randint(n, 12)
         caps = [rng.randint(1, L) for _ in range(n)]
         if sum(caps) < L:
             continue
         speeds = [rng.choice([0.5, 1.0, 1.5, 2.0, 3.0]) for _ in range(n)]
-        got = water_fill(L, caps, speeds)
+        offs = [0.0] * (n - 1) + [rng.choice([0.0, 0.0, 1.5, 4.0])]
+        got = water_fill(L, caps, speeds, offs)
         assert sum(got) == L and all(1 <= g <= c for g, c in zip(got, caps))
-        best = min(max(l / v for l, v in zip(alloc, speeds))
-                   for alloc in itertools.product(*(range(1, c + 1) for c in caps)) if sum(alloc) == L)
-        worst = max(l / v for l, v in zip(got, speeds))
+
+        def bottleneck(alloc):
+            return max((l + o) / v for l, v, o in zip(alloc, speeds, offs))
+
+        best = min(bottleneck(a) for a in itertools.product(*(range(1, c + 1) for c in caps)) if sum(a) == L)
         # rounding costs at most one layer on the bottleneck stage
-        assert worst <= best + max(1 / v for v in speeds) + 1e-9, (L, caps, speeds, got)
+        assert bottleneck(got) <= best + max(1 / v for v in speeds) + 1e-9, (L, caps, speeds, offs, got)
+        assert pipeline_throughput(got, speeds, L, 0.0, offs) == pytest.approx((L + sum(offs)) / bottleneck(got))
 
 
 # ---------------------------------------------------------------- formation
