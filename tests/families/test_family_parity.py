@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import FAMILIES, lora_for
+from family_helpers import FAMILIES, lora_for
 from node_agents.backends.base import LoraAdapter, SamplingParams
 
 TOL = 1e-3  # log-prob

@@ -160,3 +160,14 @@ def test_mlx_backend_refuses_a_llama_config_without_its_rope_scaling(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="lacks top-level rope_scaling"):
         MlxBackend(tmp_path)
+
+
+def test_converter_refuses_an_unsupported_family_before_converting(tmp_path):
+    from node_agents.convert import hf_to_gguf
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3", "architectures": ["Gemma3ForCausalLM"]}))
+    with pytest.raises(UnsupportedFamilyError, match="'gemma3' is not supported; supported families"):
+        hf_to_gguf(tmp_path, tmp_path / "out.gguf", verbose=False)
+    assert not (tmp_path / "out.gguf").exists()
+    with pytest.raises(ValueError, match="outtype"):
+        hf_to_gguf(tmp_path, tmp_path / "out.gguf", outtype="q4_k")
