@@ -255,9 +255,11 @@ class LearnerDissem:
         """Members with their measured reachability, each version's planned relays and the
         nodes' completion reports (who sent them how many chunks), for ``dissem.json``."""
         return {
-            "members": {p: {"reachable": m.reachable, "addrs": list(m.addrs), "upload_bps": m.upload_bps,
-                            "dial_back": self.reach[p][1].summary() if p in self.reach else None}
-                        for p, m in self.members.items()},
+            "members": {p: {"reachable": self.reach[p][1].reachable if p in self.reach else self.members[p].reachable,
+                            "addrs": list(self.reach[p][0] if p in self.reach else self.members[p].addrs),
+                            "dial_back": self.reach[p][1].summary() if p in self.reach else None,
+                            "in_plan": p in self.members}  # False: dropped (left, or a push failed)
+                        for p in sorted(set(self.members) | set(self.reach))},
             "versions": {str(v): {"relays": self.relays.get(v, []),
                                   "have": {p: {"pushed": h.pushed, "repaired": h.repaired, "rejected": h.rejected,
                                                "sources": dict(h.sources), "completed_at": h.completed_at}

@@ -127,15 +127,16 @@ def test_learner_and_three_hosts_one_behind_nat(netns_hosts, tmp_path):
     sw = Swarm(tb, tmp_path)
     t0 = time.monotonic()
     try:
-        learner, laddr = sw.learner(model, steps=3)
-        _, a1 = sw.node(1, laddr)
-        _, a2 = sw.node(2, a1)  # bootstraps from a node, not the learner
+        learner, laddr = sw.learner(model, 3, "--run", "multihost-1")  # as README.md shows
+        _, a1 = sw.node(1, laddr, "--run", "multihost-1")
+        _, a2 = sw.node(2, a1)  # bootstraps from a node, not the learner; joins that node's run
         _, a3 = sw.node(3, a1)  # behind NAT
         learner.wait(timeout=RUN_DEADLINE_S)
     finally:
         sw.stop()
     print(f"multihost run: {time.monotonic() - t0:.0f} s")
     assert learner.returncode == 0, sw.log("learner")[-4000:]
+    assert all("multihost-1" in sw.log(f"n{i}") for i in (1, 2, 3))
     run = tmp_path / "run"
     nodes = {1: peer_of(a1), 2: peer_of(a2), 3: peer_of(a3)}
     nat = nodes[3]

@@ -1,0 +1,59 @@
+"""Measured reachability in the learner's dissemination (real hosts on 127.0.0.1): a node whose
+advertised address does not answer a dial-back becomes a leaf fed by the learner over its own
+connection, relays nothing, is not offered as a holder, and still gets every version."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import trio
+
+from learner.config import DissemConfig
+from learner.dissem import LearnerDissem
+from node_agents.adapter_sync import AdapterSync
+from swarm.host import open_host
+from swarm.proto.dissem import ManifestRequest
+
+from test_dissem_broadcast import RUN_ID, adapter, run
+
+
+def test_unreachable_node_is_a_learner_fed_leaf(tmp_path):
+    async def body():
+        cfg = DissemConfig(chunk_bytes=4096, codec="fp16", stall_timeout_s=1.0, dial_back_timeout_s=2.0)
+        async with AsyncExitStack() as stack:
+            host = await stack.enter_async_context(open_host(tmp_path / "learner"))
+            learner = LearnerDissem(host, cfg, RUN_ID)
+            learner.register()
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            await nursery.start(learner.run)
+            nodes = []
+            for i in range(5):
+                h = await stack.enter_async_context(open_host(tmp_path / f"n{i}"))
+                if i == 0:  # advertises an address nobody answers at (a closed port), like a node behind NAT
+                    h.advertised_addrs = lambda peer=None, h=h: [f"/ip4/127.0.0.1/tcp/9/p2p/{h.peer_id}"]
+                await h.connect(host.addrs[0])
+                sync = AdapterSync(h, host.peer_id)
+                await sync.join(RUN_ID)
+                nodes.append(sync)
+            odd = nodes[0].host.peer_id
+            assert learner.members[odd].reachable is False
+            assert all(learner.members[s.host.peer_id].reachable for s in nodes[1:])
+            summary = learner.summary()["members"]
+            assert summary[odd]["reachable"] is False and "failed" in summary[odd]["dial_back"]
+
+            await learner.publish(adapter())
+            peers = [s.host.peer_id for s in nodes]
+            assert await learner.wait_have(1, peers, 20)
+            plan = learner.plan(list(learner.members.values()))
+            assert odd not in plan.relays() and plan.relays()
+            assert all(odd in {r.peer_id for r in roots} for roots in plan.roots)  # fed by the learner
+            reports = learner.have[1]
+            n_chunks = len(learner.store.get(1).chunks)
+            assert reports[odd].sources == {host.peer_id: n_chunks}
+            assert all(odd not in r.sources for r in reports.values())
+            assert any(set(r.sources) - {host.peer_id} for r in reports.values())  # someone relayed
+            holders = await learner.on_manifest(ManifestRequest(1), nodes[1].host.peer_id)
+            assert odd not in {h.peer_id for h in holders.holders}
+            nursery.cancel_scope.cancel()
+
+    run(body)
