@@ -246,10 +246,11 @@ def _spread_tiny(model, seed: int) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--family", required=True, choices=FAMILIES)
-    parser.add_argument("--size", default="tiny", choices=SIZES)
+    parser.add_argument("--family", required=True, choices=FAMILIES, help="Llama-3, Qwen2.5 or Qwen3 (dense) shapes")
+    parser.add_argument("--size", default="tiny", choices=SIZES,
+                        help="tiny: 2 layers, few MB (tests); 0.5b/1.5b: released shapes (learner benchmarks)")
     parser.add_argument("--out", required=True, help="output HF model directory")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
 
 
 def run(args: argparse.Namespace) -> None:

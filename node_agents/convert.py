@@ -9,7 +9,9 @@ into ``<cache>/llama.cpp-convert/<version>/`` (``make install`` does this ahead 
 
 :func:`hf_to_gguf` runs it in a child process (``python -m node_agents.convert run ...``) with
 its own ``gguf-py`` first on the path, streams its progress, and caches the result keyed by
-the input's config, tokenizer files and weight files (name, size, mtime) and the output type.
+the input's config, tokenizer files and weight files (name, size, mtime) and the output type. The
+converter needs torch, numpy, transformers and safetensors (project dependencies, run at the
+pinned versions) and its own ``gguf-py`` (used in place of the installed ``gguf`` package).
 
 Unknown BPE pre-tokenizers. The converter identifies a BPE tokenizer's pre-tokenizer by hashing
 the ids it gives for a fixed test string; an unknown hash makes it stop ("BPE pre-tokenizer was
