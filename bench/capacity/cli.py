@@ -50,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validate", metavar="RUN_DIR", help="compare the model with a measured run instead")
     parser.add_argument("--skip", type=int, default=1, help="validation: warm-up steps to leave out")
     parser.add_argument("--diss-s", type=float, default=0.0, help="validation: adapter dissemination delay, s")
+    parser.add_argument("--pipeline-nodes", action="append", default=[], metavar="SPEC",
+                        help="nodes for pipeline-sharded generation NAME:mem_gb=..,tok_s=..[,count=..,cost_h=..,whole=1]; "
+                             "the layer allocator groups them and each pipeline joins the plan as one worker")
+    parser.add_argument("--model-config", help="config.json of the model for --pipeline-nodes (default: the embedded model)")
+    parser.add_argument("--dtype-bytes", type=int, default=2, help="bytes per weight on pipeline nodes (default bf16/fp16)")
+    parser.add_argument("--prompt-tokens", type=int, default=512,
+                        help="longest prompt, tokens: with --max-tokens it sets the KV budget of pipeline nodes")
 
 
 def parse_spec(spec: str, profile: dict | None, group_size: int, ctoks: float) -> tuple[WorkerClass, int | None]:
@@ -104,11 +111,18 @@ def build(args: argparse.Namespace) -> tuple[Workload, list[WorkerClass], list[i
         train_s = lp["train_s"] * (g * G * ctoks) / max(1.0, float(lp["tokens"]))
     adapter = args.adapter_mb * 1e6 if args.adapter_mb is not None else \
         float(((prof or {}).get("adapter") or {}).get("bytes_fp16", 0))
-    if not args.workers:
+    if not args.workers and not args.pipeline_nodes:
         if not prof or not prof.get("nodes"):
             raise ValueError("give at least one --workers spec")
         args.workers = list(prof["nodes"])
     parsed = [parse_spec(s, prof, G, ctoks) for s in args.workers]
+    if args.pipeline_nodes:
+        from bench.capacity.pipelines import describe, model_spec, plan_classes
+
+        spec = model_spec(args.model_config, args.dtype_bytes)
+        plan, pipes = plan_classes(args.pipeline_nodes, spec, G, int(max_tokens) + args.prompt_tokens, ctoks)
+        print(describe(plan))
+        parsed += [(c, 1) for c in pipes]
     workload = Workload(prompts_per_step=g, group_size=G, train_s=train_s, overhead_s=args.overhead_s,
                         learner_cost_per_h=args.learner_cost_h)
     net = Network(adapter_bytes=adapter, topology=args.topology, fanout=args.fanout, chunk_bytes=args.chunk_kb * 1024,
