@@ -71,7 +71,10 @@ class LlamaCppBackend:
     buffer instead of one stream per sequence. ``flash_attn`` ``None`` leaves llama.cpp's
     automatic choice (on for CPU). For tight comparisons with torch use an F32 base with
     ``kv_f32=True`` *and* ``flash_attn=False``: the CPU flash-attention kernel rounds to
-    float16 internally (measured: 0.018 max log-prob error instead of 6e-5).
+    float16 internally (measured: 0.018 max log-prob error instead of 6e-5). ``kv_f32``
+    ``None`` does exactly that for an all-F32 GGUF (``general.file_type`` 0, e.g. an HF
+    directory converted for the learner's fp32 weights): whoever serves F32 weights wants the
+    learner's numbers; any other GGUF keeps llama.cpp's defaults.
 
     ``n_threads`` defaults to every core, best on an otherwise idle machine. ggml's worker
     threads spin at barriers, so when other processes compete for the cores one descheduled
@@ -89,7 +92,7 @@ class LlamaCppBackend:
         n_batch: int = 512,
         max_group: int = 8,
         *,
-        kv_f32: bool = False,
+        kv_f32: bool | None = False,
         kv_unified: bool = False,
         flash_attn: bool | None = None,
     ):
@@ -131,6 +134,9 @@ class LlamaCppBackend:
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.kv_unified = bool(kv_unified)
         cparams.no_perf = True
+        if kv_f32 is None and self._meta_str(b"general.file_type") == "0":  # all F32
+            kv_f32, flash_attn = True, False if flash_attn is None else flash_attn
+        self.kv_f32 = bool(kv_f32)
         if flash_attn is not None:
             cparams.flash_attn_type = 1 if flash_attn else 0
         if kv_f32:

@@ -20,7 +20,9 @@ def create_backend(name: str, model: str = "default", threads: int = 0, n_ctx: i
     if name == "llamacpp":
         from node_agents.backends.llamacpp import LlamaCppBackend
 
-        return LlamaCppBackend(resolve_for_backend(model, name, cache_dir), n_ctx=n_ctx, n_threads=threads or None)
+        # kv_f32 None: an all-F32 GGUF runs with an F32 KV cache and no flash attention
+        return LlamaCppBackend(resolve_for_backend(model, name, cache_dir), n_ctx=n_ctx, n_threads=threads or None,
+                               kv_f32=None)
     if name == "torch":
         from node_agents.backends.torch_backend import TorchBackend
 

@@ -241,3 +241,21 @@ def test_learner_exported_adapter_matches_the_learner_on_every_backend(backends,
     b.torch.set_adapter(None)
     base = b.torch.token_logprobs(seq)[len(b.prompt) - 1:-1][picked]
     assert np.abs(base - ref).max() > 50 * TOL  # the exported adapter is far from zero
+
+
+def test_node_default_on_an_f32_gguf_has_the_learners_numbers(backends):
+    """``kv_f32=None`` (how nodes create the backend): an all-F32 GGUF gets an F32 KV cache and
+    no flash attention, so its log-probs match torch as tightly as the explicit setting."""
+    from node_agents.backends.llamacpp import LlamaCppBackend
+
+    b = backends("qwen3")
+    be = LlamaCppBackend(b.fm.gguf, n_ctx=256, n_threads=1, max_group=2, kv_f32=None)
+    try:
+        assert be.kv_f32
+        b.torch.set_adapter(None)
+        ref = _greedy(b.torch, b.prompt)
+        got = _greedy(be, b.prompt)
+    finally:
+        be.close()
+    assert got.token_ids == ref.token_ids
+    assert np.abs(np.array(got.logprobs) - np.array(ref.logprobs)).max() < TOL
