@@ -86,7 +86,7 @@ def run_ranks(cfg: Any, run_dir: Path, resume: bool, run_learner_main: Callable[
             console(f"learner: rank 0 of {ctx.world} ({ctx.backend}); rank 0 runs the swarm side")
             rc = run_learner_main()
             trainer = D.current_trainer()
-            if trainer is not None:
+            if rc == 0 and trainer is not None:  # on failure torchrun stops the other ranks
                 trainer.stop_followers()
             return rc
         resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
@@ -94,7 +94,13 @@ def run_ranks(cfg: Any, run_dir: Path, resume: bool, run_learner_main: Callable[
 
         trainer = build_trainer(resolved, cfg)
         console(f"learner rank {ctx.rank}/{ctx.world}: following rank 0 (no libp2p host); {trainer.describe()}")
-        steps = D.follower_loop(trainer, ctx, console)
+        from learner.memory import SequenceTooLongError
+
+        try:
+            steps = D.follower_loop(trainer, ctx, console)
+        except SequenceTooLongError as e:
+            print(f"swarm-learner rank {ctx.rank}: training stopped: {e}", file=sys.stderr)
+            return 2
         console(f"learner rank {ctx.rank}/{ctx.world}: done after {steps} steps")
         return 0
     finally:

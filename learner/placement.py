@@ -70,22 +70,25 @@ def enable_grad_checkpointing(base: Any) -> None:
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def shard_base_fsdp(base: Any, trainable: list) -> None:
+def shard_base_fsdp(base: Any, trainable: list, device: Any) -> None:
     """Shard the frozen base over the ranks with FSDP2 (``fully_shard``): every decoder layer,
     then the decoder (embeddings, final norm) and the LM head, each a unit gathered just in time.
     The LoRA parameters are left out (``ignored_params``): they stay whole on every rank and their
     gradients are all-reduced with the rest (:mod:`learner.distributed`). A head tied to the
     input embeddings is untied first (a frozen copy), as one parameter cannot live in two units."""
     import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))  # shards go to this device
     ignored = set(trainable)
     decoder, head = base.get_decoder(), base.get_output_embeddings()
     emb = base.get_input_embeddings()
     if head is not None and head.weight is emb.weight:
         head.weight = torch.nn.Parameter(emb.weight.detach().clone(), requires_grad=False)
     for layer in decoder.layers:
-        fully_shard(layer, ignored_params=ignored)
-    fully_shard(decoder, ignored_params=ignored)
+        fully_shard(layer, mesh=mesh, ignored_params=ignored)
+    fully_shard(decoder, mesh=mesh, ignored_params=ignored)
     if head is not None:
-        fully_shard(head, ignored_params=ignored)
+        fully_shard(head, mesh=mesh, ignored_params=ignored)

@@ -76,15 +76,18 @@ class Trainer(RankShardingMixin):
                                    target_modules=list(self.lora.target_modules), bias="none", task_type="CAUSAL_LM")
         with warnings.catch_warnings():  # peft 0.21 calls a deprecated transformers 5 property
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            self.model = peft.get_peft_model(base, peft_cfg).to(self.device)
+            self.model = peft.get_peft_model(base, peft_cfg)
+        fsdp = self.compute.fsdp and self.dist is not None
+        if not fsdp:  # under FSDP each rank moves only its shard of the base (fully_shard does)
+            self.model = self.model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         for p in self.params:  # LoRA masters in float32 whatever the base dtype
-            p.data = p.data.to(torch.float32)
+            p.data = p.data.to(device=self.device, dtype=torch.float32)
         if self.compute.grad_checkpointing:
             enable_grad_checkpointing(self.model.get_base_model())
             self.compute.share_prompt = False
-        if self.compute.fsdp and self.dist is not None:
-            shard_base_fsdp(self.model.get_base_model(), self.params)
+        if fsdp:
+            shard_base_fsdp(self.model.get_base_model(), self.params, self.device)
             self.compute.share_prompt = False  # one decoder call per pass: ranks pad passes 1:1
         self.optimizer = torch.optim.AdamW(self.params, lr=self.optim_cfg.lr, betas=tuple(self.optim_cfg.betas),
                                            eps=self.optim_cfg.eps, weight_decay=self.optim_cfg.weight_decay)
