@@ -43,6 +43,7 @@ class _Session:
     cache: object
     batch: int
     wire_dtype: str
+    max_len: int = 0  # tokens per row the session reserved KV for
     mask: object = None  # [rows, seen] long
     rngs: list = field(default_factory=list)  # last stage: one generator per completion
     active: list[int] = field(default_factory=list)  # last stage: completion of each row
@@ -62,10 +63,14 @@ def _weight_files(model_dir: Path) -> list[Path]:
 
 
 class TorchStage:
-    """Serves layers ``[start, end)`` of the HF model in ``model_dir`` (a ``StageExecutor``)."""
+    """Serves layers ``[start, end)`` of the HF model in ``model_dir`` (a ``StageExecutor``).
+
+    ``kv_budget_bytes`` (0: unlimited) caps the KV cache reserved by open sessions: a session
+    reserves ``batch * max_len * kv_bytes_per_token`` for its layers at open and is refused
+    when that would pass the budget."""
 
     def __init__(self, model_dir: str | Path, start: int, end: int, *, device: str | None = None,
-                 dtype: str | None = None, threads: int = 0, max_batch: int = 256):
+                 dtype: str | None = None, threads: int = 0, max_batch: int = 256, kv_budget_bytes: int = 0):
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -103,6 +108,12 @@ class TorchStage:
         self._version = -1
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
+        heads = int(getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads)
+        head_dim = int(getattr(self.config, "head_dim", None) or self.hidden_size // self.config.num_attention_heads)
+        #: KV bytes per token for this stage's layers (keys and values, compute dtype).
+        self.kv_bytes_per_token = 2 * heads * head_dim * torch.tensor([], dtype=tdtype).element_size() * (end - start)
+        self.kv_budget_bytes = int(kv_budget_bytes)
+        self._reserved: dict[str, int] = {}
 
     # ------------------------------------------------------------------ loading
 
@@ -215,7 +226,14 @@ class TorchStage:
         if req.batch > self.max_batch:
             raise StageRefused(f"batch {req.batch} exceeds this stage's max_batch {self.max_batch}")
         with self._lock:
+            need = req.batch * req.max_len * self.kv_bytes_per_token
+            used = sum(self._reserved.values())
+            if self.kv_budget_bytes and used + need > self.kv_budget_bytes:
+                raise StageRefused(f"KV budget: the session needs {need} bytes, {self.kv_budget_bytes - used} "
+                                   f"of {self.kv_budget_bytes} are free")
+            self._reserved[session_id] = need
             s = _Session(cache=DynamicCache(config=self.config), batch=req.batch, wire_dtype=req.wire_dtype,
+                         max_len=req.max_len,
                          temperature=req.temperature, top_p=req.top_p)
             if self.last:
                 seed = int(req.seed) % (1 << 64)
@@ -226,6 +244,7 @@ class TorchStage:
     def close_session(self, session_id: str) -> None:
         with self._lock:
             self._sessions.pop(session_id, None)
+            self._reserved.pop(session_id, None)
 
     def forward(self, session_id: str, req: StageForward) -> StageResult:
         torch = self._torch
@@ -269,6 +288,9 @@ class TorchStage:
             raise StageRefused(f"batch of {rows} rows; the session holds {s.mask.shape[0]}")
         if len(req.position_ids) != T:
             raise StageRefused(f"{len(req.position_ids)} position ids for {T} tokens")
+        seen = 0 if req.step == 0 else int(s.mask.shape[1])
+        if seen + T > s.max_len:
+            raise StageRefused(f"the session would hold {seen + T} tokens per row; it opened with max_len {s.max_len}")
         step_mask = torch.ones((rows, T), dtype=torch.long, device=self.device)
         if req.step == 0:
             if req.attention_mask is not None:

@@ -164,8 +164,12 @@ class StageServer:
             if why is not None:
                 await self._refuse(stream, peer, why)
                 return
+            try:
+                await self._run(ex.open_session, f"{peer}/{req.session_id}", req)
+            except (StageRefused, ValueError) as e:
+                await self._refuse(stream, peer, str(e))
+                return
             session_id = f"{peer}/{req.session_id}"
-            await self._run(ex.open_session, session_id, req)
             self.sessions += 1
             self.stats["sessions"] += 1
             await self._send(stream, _envelope_ok(StageOpened(ex.start, ex.end, ex.n_layers, ex.adapter_version,

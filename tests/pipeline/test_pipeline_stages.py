@@ -244,3 +244,37 @@ def test_lost_stage_is_replayed_into_a_spare(tiny_dir, whole, tmp_path):
     assert max(float(np.max(np.abs(np.subtract(a.logprobs, b.logprobs)))) for a, b in zip(got, ref)) < TOL
     assert [(i, step) for i, step, _ in stats.replays] == [(1, 4)]
     assert err.lost
+
+
+def test_kv_budget_and_max_len_are_enforced(tiny_dir, tmp_path):
+    from node_agents.stages.torch_stage import TorchStage
+    from swarm.pipeline.client import StageError, open_stage_link
+    from swarm.pipeline.proto import StageForward, StageOpen
+
+    stage = TorchStage(tiny_dir, 0, N_LAYERS, threads=1)
+    per_session = 2 * 32 * stage.kv_bytes_per_token  # batch 2, 32 tokens
+    assert stage.kv_bytes_per_token == 2 * 2 * 16 * 4 * N_LAYERS  # k+v, 2 kv heads x 16, fp32, 6 layers
+    stage.kv_budget_bytes = per_session + per_session // 2
+
+    async def body(head, route):
+        peer = route[0].peer_id
+        req = StageOpen(session_id="a", start=0, end=N_LAYERS, adapter_version=-1, batch=2, max_len=32)
+        out = []
+        async with open_stage_link(head, peer, req):
+            try:
+                async with open_stage_link(head, peer, StageOpen(**{**req.to_wire(), "session_id": "b"})):
+                    pass
+            except StageError as e:
+                out.append(e)
+        # the first session closed: its reservation is free again; a too-long step is refused
+        async with open_stage_link(head, peer, StageOpen(**{**req.to_wire(), "max_len": 4})) as link:
+            try:
+                await link.forward(StageForward(step=0, start=0, end=N_LAYERS, adapter_version=-1,
+                                                token_ids=[PROMPT], position_ids=list(range(len(PROMPT)))))
+            except StageError as e:
+                out.append(e)
+        return out
+
+    budget, too_long = _go(tmp_path, [stage], body)
+    assert "KV budget" in str(budget) and not budget.lost
+    assert "max_len 4" in str(too_long) and not too_long.lost
