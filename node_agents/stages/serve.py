@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (torch default by device; "
                    "mlx default float32)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--kv-budget-mb", type=float, default=0.0,
+                   help="torch: KV cache that open sessions may reserve, MB (0: unlimited)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -96,7 +98,7 @@ def _load_stage(args):
         from node_agents.stages.torch_stage import TorchStage
 
         stage = TorchStage(resolve_for_backend(args.model, "torch"), args.start, args.end, device=args.device,
-                           dtype=args.dtype, threads=args.threads)
+                           dtype=args.dtype, threads=args.threads, kv_budget_bytes=int(args.kv_budget_mb * 1e6))
     if args.adapter is not None:
         stage.set_adapter(load_adapter_npz(args.adapter))
     return stage
