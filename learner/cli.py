@@ -23,6 +23,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a config field, e.g. --set train.steps=20 (repeatable)")
     la.add_argument("--resume", action="store_true", help="continue from the run dir's latest checkpoint")
     add_network_arguments(la)
+    la.add_argument("--device", default=None, metavar="DEV",
+                    help="learner device: auto, cpu, cuda or cuda:N (same as --set train.device=DEV)")
+    la.add_argument("--gpus", type=int, default=1, metavar="N",
+                    help="train on N local ranks (one GPU each; gloo ranks on a CPU-only machine) through torchrun; "
+                         "rank 0 runs the swarm side")
     add_dashboard_arguments(la)
 
     de = sub.add_parser("demo", help="start a learner and N swarm-node processes on 127.0.0.1 and train")
@@ -119,9 +124,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"swarm-learner: report written to {write_report(args.run_dir, args.out)}")
             return 0
         if args.command == "launch":
+            dev = [f'train.device="{args.device}"'] if args.device else []
             cfg = validate(load_config(LearnerConfig, args.config,
-                                       [*args.overrides, *dashboard_overrides(args), *network_overrides(args)]))
-            return launch(cfg, args.run_dir or _default_run_dir(""), args.resume, args.data_dir)
+                                       [*args.overrides, *dashboard_overrides(args), *dev, *network_overrides(args)]))
+            run_dir = args.run_dir or _default_run_dir("")
+            from learner.launch_gpus import spawn_torchrun, under_torchrun
+
+            if args.gpus < 1:
+                raise ConfigError("--gpus must be >= 1")
+            if args.gpus > 1 and not under_torchrun():
+                return spawn_torchrun(args.gpus, list(sys.argv[1:] if argv is None else argv), run_dir)
+            return launch(cfg, run_dir, args.resume, args.data_dir)
         overrides = [f"task.seed={args.seed}", f"train.seed={args.seed}", *args.overrides]
         if args.task is not None:
             overrides.append(f'task.name="{args.task}"')
@@ -209,8 +222,29 @@ def launch(cfg, run_dir: Path, resume: bool, data_dir: Path | None = None) -> in
 
     from learner.loop import run_learner
 
-    trio.run(lambda: run_learner(cfg, run_dir, resume=resume, data_dir=data_dir))
-    return 0
+    def single() -> int:
+        from learner.memory import SequenceTooLongError
+
+        try:
+            trio.run(lambda: run_learner(cfg, run_dir, resume=resume, data_dir=data_dir))
+        except BaseException as e:  # trio nurseries wrap it in an exception group
+            first = e
+            while isinstance(first, BaseExceptionGroup) and first.subgroup(SequenceTooLongError) is not None:
+                first = first.subgroup(SequenceTooLongError).exceptions[0]
+            if not isinstance(first, SequenceTooLongError):
+                raise
+            print(f"swarm-learner: training stopped (resume from the last checkpoint with --resume): {first}",
+                  file=sys.stderr)
+            return 2
+        return 0
+
+    from learner.distributed import env_context
+
+    if env_context().active:  # one of several torchrun ranks (learner/launch_gpus.py)
+        from learner.launch_gpus import run_ranks
+
+        return run_ranks(cfg, run_dir, resume, single)
+    return single()
 
 
 def add_network_arguments(p: argparse.ArgumentParser) -> None:

@@ -61,9 +61,14 @@ class StepContext:
 
 def build_trainer(resolved, cfg: LearnerConfig):
     """The peft/GRPO trainer from the learner config (heavy: loads the model)."""
+    from learner.distributed import current, resolve_device
+    from learner.placement import resolve_precision
     from learner.trainer import ComputeConfig, LoraConfig, LossConfig, OptimConfig, Trainer
 
     t, lo = cfg.train, cfg.lora
+    dist = current()
+    device = resolve_device(t.device, dist.local_rank)
+    base_dtype, autocast = resolve_precision(t.precision, device)
     return Trainer(
         resolved,
         lora=LoraConfig(rank=lo.rank, alpha=lo.alpha, target_modules=tuple(lo.target_modules)),
@@ -71,8 +76,10 @@ def build_trainer(resolved, cfg: LearnerConfig):
                           minibatches=t.minibatches),
         loss=LossConfig(kind=t.loss, clip_eps_low=t.clip_low, clip_eps_high=t.clip_high, is_cap=t.is_cap),
         compute=ComputeConfig(micro_batch_size=t.micro_batch, temperature=t.temperature,
-                              torch_threads=t.torch_threads or None),
+                              torch_threads=t.torch_threads or None, device=device, base_dtype=base_dtype,
+                              bf16_autocast=autocast, grad_checkpointing=t.grad_checkpointing, fsdp=t.fsdp),
         seed=t.seed,
+        dist=dist,
     )
 
 
@@ -136,6 +143,10 @@ async def run_learner(
     console(f"learner: loading model {cfg.model.name!r} ...")
     resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, cfg.model.cache_dir or None)
     trainer = await trio.to_thread.run_sync(build_trainer, resolved, cfg)
+    from learner.distributed import wrap_for_ranks
+
+    trainer = wrap_for_ranks(trainer)  # several ranks: each step's batch goes to the others first
+    console(f"learner: {trainer.describe()}")
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, resolved.hf_dir)
     task = run_task(cfg.task)
     episodes = episode_settings(cfg, task)  # None: single-turn run
