@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 PROMPT = "Explain in a few sentences why the sky is blue and why sunsets are red."
+#: Prompt length (token ids 1..N) used when the model directory has no tokenizer.
+SYNTHETIC_PROMPT_TOKENS = 32
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -141,9 +143,13 @@ def run(args: argparse.Namespace) -> None:
     for s in sizes:
         ranges.append((at, at + s))
         at += s
-    tok = AutoTokenizer.from_pretrained(str(hf_dir))
-    prompt = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                     tokenize=True, return_dict=False)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(hf_dir))
+        prompt = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False)
+    except (OSError, ValueError) as e:  # a model directory without a tokenizer or chat template
+        prompt = list(range(1, SYNTHETIC_PROMPT_TOKENS + 1))
+        print(f"no chat tokenizer in {hf_dir} ({type(e).__name__}); using a {len(prompt)}-token synthetic prompt")
     eog = eog_token_ids(hf_dir)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1)
     print(f"pipeline bench: {hf_dir.name} ({args.backend}), {k} stages {ranges}, groups of {args.group_size} x "

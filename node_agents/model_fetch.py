@@ -208,10 +208,7 @@ def for_backend(source: Path, sha: str, backend: str, quant: str = "keep", cache
         if not gguf.is_file():
             print(f"swarm-node: converting the model to GGUF ({outtype}) once ...", file=sys.stderr, flush=True)
             out_dir.mkdir(parents=True, exist_ok=True)
-            try:
-                hf_to_gguf(source, gguf, outtype=outtype, cache_dir=cache_dir)
-            except (OSError, ValueError, RuntimeError) as e:
-                raise ModelError(f"cannot convert the run's HF model to GGUF for llama.cpp: {e}") from e
+            hf_to_gguf(source, gguf, outtype=outtype)
         source = gguf
         if quant != "q4_1":
             return gguf
