@@ -67,7 +67,10 @@ def peak_memory_bytes(device: Any) -> int:
 
 def enable_grad_checkpointing(base: Any) -> None:
     """Recompute each decoder layer in the backward pass instead of keeping its activations."""
-    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def shard_base_fsdp(base: Any, trainable: list, device: Any) -> None:

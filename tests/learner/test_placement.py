@@ -1,0 +1,73 @@
+"""Precision settings and gradient checkpointing of the trainer (tiny random Llama, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from learner.models import ResolvedModel
+from learner.placement import resolve_precision
+from learner.trainer import ComputeConfig, LoraConfig, OptimConfig, Trainer, TrainSample
+
+
+def test_precision_setting():
+    assert resolve_precision("auto", "cuda:0") == ("bfloat16", True)
+    assert resolve_precision("auto", "cpu") == ("float32", True)
+    assert resolve_precision("bf16", "cpu") == ("bfloat16", True)
+    assert resolve_precision("autocast", "cuda:1") == ("float32", True)
+    assert resolve_precision("fp32", "cuda:0") == ("float32", False)
+    with pytest.raises(ValueError, match="train.precision"):
+        resolve_precision("fp8", "cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> ResolvedModel:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    d = tmp_path_factory.mktemp("tiny")
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    return ResolvedModel("tiny", None, d)
+
+
+def batch() -> list[TrainSample]:
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for k in range(3):
+        prompt = torch.randint(3, 96, (5 + k,), generator=g).tolist()
+        for j in range(2):
+            c = 3 + j
+            out.append(TrainSample(prompt, torch.randint(3, 96, (c,), generator=g).tolist(),
+                                   (-1 - torch.rand(c, generator=g)).tolist(), 1.0 if j else -1.0))
+    return out
+
+
+def trainer(model, **compute) -> Trainer:
+    return Trainer(model, LoraConfig(rank=4, alpha=8), OptimConfig(lr=1e-2),
+                   compute=ComputeConfig(micro_batch_size=4, torch_threads=1, **compute))
+
+
+def test_bf16_base_keeps_lora_and_adam_state_in_float32(tiny):
+    tr = trainer(tiny, base_dtype="bfloat16", bf16_autocast=True)
+    base_w = tr.model.get_base_model().model.layers[0].mlp.up_proj.base_layer.weight
+    assert base_w.dtype == torch.bfloat16
+    assert tr.params and all(p.dtype == torch.float32 for p in tr.params)
+    stats = tr.train_step(batch())
+    assert stats["loss"] == stats["loss"] and stats["grad_norm"] > 0
+    states = [s for s in tr.optimizer.state.values()]
+    assert states and all(s["exp_avg"].dtype == torch.float32 for s in states)
+    assert "base bfloat16, LoRA float32, autocast bf16" in tr.describe()
+
+
+def test_grad_checkpointing_gives_the_same_update(tiny):
+    plain = trainer(tiny, bf16_autocast=False)
+    ckpt = trainer(tiny, bf16_autocast=False, grad_checkpointing=True)
+    assert not ckpt.compute.share_prompt  # a checkpointed forward keeps no KV cache
+    assert all(layer.gradient_checkpointing for layer in ckpt.model.get_base_model().model.layers)
+    assert not any(layer.gradient_checkpointing for layer in plain.model.get_base_model().model.layers)
+    a, b = plain.train_step(batch()), ckpt.train_step(batch())
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    ea, eb = plain.export_adapter(1).tensors, ckpt.export_adapter(1).tensors
+    assert max(float(abs(ea[k] - eb[k]).max()) for k in ea) < 1e-6
