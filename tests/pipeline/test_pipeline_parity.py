@@ -6,7 +6,8 @@ LoRA adapter (version 3). The 2-stage route is [0,13)+[13,30), the 3-stage one
 [0,13)+[13,20)+[20,30). The reference is the torch backend holding the whole model in this
 process. Greedy and sampled (same seed) groups give identical tokens and log-probs within
 1e-4; a wrong layer range, and a stale adapter version at one stage of a route or at all of
-them, are refused. Slow (eight processes load torch: minutes on a busy 2-core
+them, are refused. A stage process killed (SIGKILL) mid-generation is replaced by a spare
+process and replayed, with the same result. Slow (eight processes load torch: minutes on a busy 2-core
 machine), so ``make test-slow`` runs it; ``test_pipeline_stages.py`` checks the same on a
 tiny model in the default run.
 """
@@ -228,3 +229,56 @@ def test_bf16_wire_halves_the_bytes(stages, reference, prompt, hf_dir, tmp_path)
     # bf16 rounding of the residual stream moves log-probs a little, not the greedy answer's start
     assert got[0].token_ids[:4] == ref[0].token_ids[:4]
     assert max(abs(a - b) for a, b in zip(got[0].logprobs[:4], ref[0].logprobs[:4])) < 0.1
+
+
+def test_killed_stage_process_is_replayed_into_a_spare(stages, reference, prompt, hf_dir, tmp_path):
+    """SIGKILL the last stage's process mid-generation: the head replays that stage's inputs
+    into a spare process serving the same range; the group equals the whole model's."""
+    from node_agents.backends.base import SamplingParams
+    from node_agents.backends.eog import eog_token_ids
+    from node_agents.stages import head as head_mod
+    from node_agents.stages.head import HeadStats, RouteStage, generate_over_route
+    from swarm.host import open_host
+
+    reference.set_adapter(None)
+    procs = [_start(hf_dir, 13, 30, tmp_path / f"extra{i}", None) for i in range(2)]
+    try:
+        infos = []
+        for p in procs:
+            line = ""
+            while not line.startswith("{"):
+                line = p.stdout.readline()
+                if not line and p.poll() is not None:
+                    pytest.fail(f"extra stage exited with {p.returncode}")
+            infos.append(json.loads(line))
+        params = SamplingParams(temperature=1.0, max_tokens=12, seed=21)
+        route = [RouteStage(stages[("base", 0, 13)]["peer_id"], 0, 13), RouteStage(infos[0]["peer_id"], 13, 30)]
+        spare = [RouteStage(infos[1]["peer_id"], 13, 30)]
+        stats = HeadStats()
+        orig = head_mod._forward
+
+        async def killing_forward(hops, i, msg, replace, st):
+            if i == 1 and msg.step == 5 and not st.replays:
+                procs[0].kill()
+                procs[0].wait()
+            return await orig(hops, i, msg, replace, st)
+
+        async def main():
+            async with open_host(tmp_path / "head") as host:
+                for info in [stages[("base", 0, 13)], *infos]:
+                    await host.connect(info["addrs"][0])
+                return await generate_over_route(host, route, 30, prompt, 3, params, -1, eog=eog_token_ids(hf_dir),
+                                                 n_ctx=256, stats=stats, spares=spare)
+
+        head_mod._forward = killing_forward
+        try:
+            got = trio.run(main)
+        finally:
+            head_mod._forward = orig
+        _same(reference.generate_group(prompt, 3, params), got)
+        assert [(i, step) for i, step, _ in stats.replays] == [(1, 5)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=10)
