@@ -45,6 +45,8 @@ def add_arguments(p) -> None:
     p.add_argument("--update-s", type=float, default=1.0, help="dashboard.min_update_s (event-stream rate limit)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.add_argument("--render-only", default="", metavar="STEPS,...",
+                   help="only time one page update (snapshot + sections) for runs of these step counts; no model")
 
 
 def make_batch(n: int, tokens: int, vocab: int, seed: int = 0) -> list[Sample]:
@@ -104,7 +106,41 @@ def client_main(url: str, scrape_s: float) -> None:
 def run(args) -> None:
     import trio
 
+    if args.render_only:
+        print(json.dumps(render_times([int(n) for n in args.render_only.split(",")]), indent=1))
+        return
     print(json.dumps(trio.run(measure, args), indent=1))
+
+
+def render_times(step_counts: list[int], repeats: int = 20) -> dict:
+    """Milliseconds per page update (snapshot of a 2-node learner, sections, JSON) for each run length."""
+    import trio
+
+    from learner.config import LearnerConfig
+    from learner.coordinator import Coordinator, Limits
+    from learner.service import LearnerService, SamplingDefaults
+    from learner.web.app import SectionRenderer
+    from learner.web.state import DashboardSource, snapshot
+    from swarm.proto.hello import Hello
+
+    service = LearnerService(Coordinator(Limits(8, 64, 50_000), 120.0, 1), SamplingDefaults(1.0, 1.0, 64, 0),
+                             group_size=8, run_id="bench", model_name="default", long_poll_s=5.0)
+    for i, backend in enumerate(("llamacpp", "torch")):
+        trio.run(service.on_hello, Hello(backend=backend, device="cpu", memory_bytes=1, tokens_per_s=1.0), f"peer{i}")
+    out = {"loadavg": [round(x, 2) for x in os.getloadavg()]}
+    for n in step_counts:
+        rows = [{"step": i + 1, "policy_version": i + 1, "reward_mean": random.random(), "samples": 64,
+                 "samples_per_s": 3.0, "learner_idle_s": 10.0, "train_s": 12.0, "wall_s": 23.0 * i} for i in range(n)]
+        src = DashboardSource(cfg=LearnerConfig(), service=service, metrics=type("Rows", (), {"rows": rows})(),
+                              state=type("S", (), {"step": n, "version": n})(), run_dir="bench", started_at=0.0)
+        render = SectionRenderer()
+        t0 = time.perf_counter()
+        for i in range(repeats):
+            if i % 2:  # every other update brings a new step: its charts are drawn afresh
+                rows.append(dict(rows[-1], step=rows[-1]["step"] + 1))
+            json.dumps(render(snapshot(src)))
+        out[f"{n}_steps_ms"] = round(1000 * (time.perf_counter() - t0) / repeats, 2)
+    return out
 
 
 async def measure(args) -> dict:
