@@ -258,6 +258,7 @@ def follower_loop(trainer: Any, ctx: DistContext, console=print) -> int:
         kind = msg.get("kind") if isinstance(msg, dict) else None
         if kind == "state":
             trainer.load_state_dict(msg["state"])
+            log.info("rank %d: took rank 0's state at optimizer step %d", ctx.rank, trainer.step)
         elif kind == "train":
             trainer.train_step(msg["samples"])
             steps += 1

@@ -12,11 +12,8 @@ Precision (``train.precision``):
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
-
-log = logging.getLogger("echo_swarm.learner")
 
 PRECISIONS = ("auto", "bf16", "autocast", "fp32")
 
