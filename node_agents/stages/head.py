@@ -118,7 +118,8 @@ async def generate_group(links: list[Any], prompt_ids: list[int], n: int, params
     if not prompt:
         raise ValueError("empty prompt")
     stats = stats if stats is not None else HeadStats()
-    stats.busy_s = [0.0] * len(links)
+    if len(stats.busy_s) != len(links):  # a fresh stats object (or another route): start the sums
+        stats.busy_s = [0.0] * len(links)
     hops = [_Hop(link, link.start, link.end) for link in links]
     state = chunk_state(len(prompt), n_ctx, 0, n, params)
     if state is None:
