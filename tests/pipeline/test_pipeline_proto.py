@@ -104,3 +104,15 @@ def test_adapter_file_round_trip(tmp_path):
     np.savez(tmp_path / "plain.npz", x=np.zeros(2))
     with pytest.raises(ValueError):
         load_adapter_npz(tmp_path / "plain.npz")
+
+
+def test_swarm_pipeline_imports_no_torch_nor_node_code():
+    import subprocess
+    import sys
+
+    code = ("import sys, swarm.pipeline.server, swarm.pipeline.client, swarm.pipeline.allocate, "
+            "swarm.pipeline.cover, swarm.pipeline.layers; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'mlx', 'node_agents', "
+            "'learner'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
