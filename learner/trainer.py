@@ -153,6 +153,8 @@ class Trainer(RankShardingMixin):
         sequence does not fit)."""
         if int(self.compute.micro_batch_size) > 0:
             return int(self.compute.micro_batch_size)
+        if getattr(self, "_step_mb", None):  # planned once for the whole train_step
+            return int(self._step_mb)
         from learner.memory import plan_micro_batch
         from learner.placement import free_memory_bytes
 
@@ -206,6 +208,15 @@ class Trainer(RankShardingMixin):
         total_tokens = float(sum(loss_tokens(s) for s in batch))
         if total_tokens == 0:
             raise ValueError("batch has no completion tokens")
+        self._step_mb = None
+        if int(self.compute.micro_batch_size) <= 0:  # plan before any pass: every pass count is fixed by it
+            self._step_mb = self.micro_batch_size([batch[i] for i in self._local_indices(batch)] or batch[:1])
+        try:
+            return self._train_step(batch, t0, total_tokens)
+        finally:
+            self._step_mb = None
+
+    def _train_step(self, batch: Sequence[Any], t0: float, total_tokens: float) -> dict[str, float]:
         agg: dict[str, float] = {k: 0.0 for k in ("loss", "clip_frac", "ratio_mean", "is_weight_mean",
                                                   "mismatch_k3", "abs_logp_diff", "grad_norm")}
         ratio_max, ratio_min = 0.0, float("inf")
