@@ -152,34 +152,41 @@ class Verifier:
         """Recompute (blocking; run in a thread). ``None`` if ``version`` is no longer the weights'."""
         import torch
 
-        with self.lock:
+        with self.lock:  # the time spent waiting for a training step is not verification cost
             if version != self.weights_version:
                 return None
-            model, dev, t = self.trainer.model, self.trainer.device, max(float(self.temperature), 1e-6)
-            model.eval()
-            out = []
-            with torch.inference_mode():
-                for ids in completions:
-                    x = torch.tensor([list(prompt_ids) + list(ids)], dtype=torch.long, device=dev)
-                    p0 = len(prompt_ids) - 1
-                    logits = model(input_ids=x).logits[0, p0:p0 + len(ids)].float() / t  # [T, V]
-                    logp = torch.log_softmax(logits, dim=-1)
-                    p = logp.exp()
-                    tok = torch.tensor(list(ids), dtype=torch.long, device=dev)
-                    lp = logp.gather(1, tok[:, None])[:, 0]
-                    h = -(p * logp).sum(-1)
-                    e2 = (p * logp * logp).sum(-1)
-                    out.append(Scored(lp.double().cpu().numpy(), h.double().cpu().numpy(),
-                                      (e2 - h * h).double().cpu().numpy()))
-            return out
+            t0 = time.perf_counter()
+            try:
+                return self._score(prompt_ids, completions)
+            finally:
+                self.spent_s += time.perf_counter() - t0
+
+    def _score(self, prompt_ids: list[int], completions: list[list[int]]) -> list[Scored]:
+        import torch
+
+        model, dev, t = self.trainer.model, self.trainer.device, max(float(self.temperature), 1e-6)
+        model.eval()
+        base = model.get_base_model()
+        decoder, head = base.get_decoder(), base.get_output_embeddings()
+        out = []
+        with torch.inference_mode():
+            for ids in completions:
+                x = torch.tensor([list(prompt_ids) + list(ids)], dtype=torch.long, device=dev)  # [1, P+T]
+                p0 = len(prompt_ids) - 1
+                hidden = decoder(input_ids=x).last_hidden_state[0, p0:p0 + len(ids)]  # [T, H]: t predicts token t
+                logp = torch.log_softmax(head(hidden).float() / t, dim=-1)  # [T, V]
+                p = logp.exp()
+                tok = torch.tensor(list(ids), dtype=torch.long, device=dev)
+                lp = logp.gather(1, tok[:, None])[:, 0]
+                h = -(p * logp).sum(-1)
+                e2 = (p * logp * logp).sum(-1)
+                out.append(Scored(lp.double().cpu().numpy(), h.double().cpu().numpy(),
+                                  (e2 - h * h).double().cpu().numpy()))
+        return out
 
     def check_group(self, peer_id: str, backend: str, prompt_ids: list[int], result) -> str | None:
         """Verify one group (blocking). Returns the failure reason or ``None``."""
-        t0 = time.perf_counter()
-        try:
-            scored = self.score(prompt_ids, [c.token_ids for c in result.completions], result.version)
-        finally:
-            self.spent_s += time.perf_counter() - t0
+        scored = self.score(prompt_ids, [c.token_ids for c in result.completions], result.version)
         if scored is None:
             self.skipped += 1
             return None
