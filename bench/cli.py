@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dashboard-overhead": ("bench.dashboard_bench", "the learner's step time with the live dashboard off and on (clients connected)"),
     "make-model": ("bench.make_model", "write a random-weight HF model of a supported family (llama3, qwen2, qwen3)"),
     "learner": ("bench.learner_bench", "learner training tokens/s and peak memory by device, rank count and model size"),
+    "load": ("bench.load", "many simulated nodes (real libp2p hosts) against one learner: leases/pushes per s, latency, memory"),
     "pipeline": ("bench.pipeline", "pipeline-sharded generation: k stage processes vs the whole model; busy, bubble, bytes/token"),
 }
 
