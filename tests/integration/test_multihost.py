@@ -12,6 +12,9 @@ Second set-up: one node holds another model (``--model default``, while the run'
 a modified copy); it is refused with the clear message and the others train on. Here the
 NAT router forwards the NAT'd node's port and the node ``--announce``s the router's address
 (as ``docs/deploy.md`` describes): the dial-back then finds it reachable.
+
+Slow (``make test-slow``): on a 2-core machine shared with other heavy jobs (load about 14) the
+two tests took 937 s and 395 s, mostly the learner's training steps under contention.
 """
 
 from __future__ import annotations
