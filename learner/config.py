@@ -236,9 +236,10 @@ class DissemConfig:
     node_wait_s: float = 30.0
     #: Deadline (s) of the dial-back to each address a registering node advertises; a node no
     #: address of which answers is unreachable: a broadcast leaf fed by the learner only.
-    dial_back_timeout_s: float = 4.0
-    #: Deadline (s) of a node's whole dial-back, however many addresses it advertises.
-    dial_back_budget_s: float = 12.0
+    dial_back_timeout_s: float = 3.0
+    #: Deadline (s) of a node's whole dial-back, however many addresses it advertises. The
+    #: node waits for the registration reply meanwhile: keep it below the node's 10 s deadline.
+    dial_back_budget_s: float = 8.0
 
 
 @dataclass

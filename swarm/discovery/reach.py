@@ -33,7 +33,7 @@ from swarm.addrs import is_loopback, is_unspecified, split_peer_id, with_peer_id
 log = logging.getLogger(__name__)
 
 #: Deadline (s) of the dial to one advertised address.
-DIAL_TIMEOUT_S = 4.0
+DIAL_TIMEOUT_S = 3.0
 #: Advertised addresses tried at most, in the node's order.
 MAX_CANDIDATES = 8
 #: Listen address of the throwaway dialling host (it only dials; loopback is enough).
@@ -59,7 +59,8 @@ class Reach:
         if self.reachable:
             return f"reachable at {self.addr} ({self.seconds:.2f} s)"
         if not self.tried:
-            return "unreachable: no dialable address advertised"
+            return f"unreachable: {'; '.join(self.errors)}" if self.errors else \
+                "unreachable: no dialable address advertised"
         return f"unreachable: {len(self.tried)} address(es) failed ({'; '.join(self.errors)[:300]})"
 
 

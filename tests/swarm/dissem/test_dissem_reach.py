@@ -57,3 +57,26 @@ def test_unreachable_node_is_a_learner_fed_leaf(tmp_path):
             nursery.cancel_scope.cancel()
 
     run(body)
+
+
+def test_dial_back_budget_bounds_the_registration(tmp_path):
+    """An address that accepts TCP but never answers the handshake costs at most the budget."""
+    async def body():
+        cfg = DissemConfig(dial_back_timeout_s=5.0, dial_back_budget_s=0.5)
+        silent = trio.socket.socket()
+        await silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes TCP handshakes; nobody ever reads or writes
+        port = silent.getsockname()[1]
+        async with open_host(tmp_path / "learner") as host, open_host(tmp_path / "n") as h:
+            learner = LearnerDissem(host, cfg, RUN_ID)
+            learner.register()
+            h.advertised_addrs = lambda peer=None: [f"/ip4/127.0.0.1/tcp/{port}/p2p/{h.peer_id}"]
+            await h.connect(host.addrs[0])
+            t0 = trio.current_time()
+            await AdapterSync(h, host.peer_id).join(RUN_ID)
+            assert trio.current_time() - t0 < 3.0
+            assert learner.members[h.peer_id].reachable is False
+            assert "no answer within 0.5 s" in learner.summary()["members"][h.peer_id]["dial_back"]
+        silent.close()
+
+    run(body)
