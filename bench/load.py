@@ -29,10 +29,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-size", type=int, default=4, help="completions per group")
     p.add_argument("--tokens", type=int, default=32, help="tokens per completion")
     p.add_argument("--gen-ms", type=float, default=200.0, help="simulated generation time per lease, ms")
+    p.add_argument("--join-stagger-ms", type=float, default=100.0,
+                   help="node i starts joining i times this many ms after the start (0 = all at once)")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     p.add_argument("--worker", nargs=3, metavar=("ADDR", "FIRST", "COUNT"), help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
+
+
+#: Tries of a simulated node to connect and say hello before it gives up.
+JOIN_ATTEMPTS = 12
 
 
 def _rss(pid: int | str = "self") -> int:
@@ -51,7 +57,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 # -- worker process: several simulated nodes ---------------------------------------------------
 
-async def _node(host, learner: str, args, stats: dict) -> None:
+async def _node(host, learner: str, args, stats: dict, index: int = 0) -> None:
     import trio
 
     from swarm.errors import SwarmError
@@ -61,9 +67,19 @@ async def _node(host, learner: str, args, stats: dict) -> None:
     from swarm.proto.work import WorkReply, WorkRequest
 
     learner_addr, learner = learner, learner.rsplit("/p2p/", 1)[1]
-    await host.connect(learner_addr)
-    await host.request(learner, HELLO, Hello(backend="fake", device="sim", memory_bytes=1, tokens_per_s=100.0),
-                       HelloAck, timeout=60)
+    await trio.sleep(index * args.join_stagger_ms / 1000.0)  # ramp the joins up, as real nodes arrive
+    for attempt in range(JOIN_ATTEMPTS):  # many hosts dialling at once: some handshakes time out
+        try:
+            await host.connect(learner_addr)
+            await host.request(learner, HELLO, Hello(backend="fake", device="sim", memory_bytes=1, tokens_per_s=100.0),
+                               HelloAck, timeout=60)
+            break
+        except SwarmError as e:
+            stats["errors"].append(f"join: {e}")
+            await trio.sleep(min(10.0, 0.5 * 2 ** attempt))
+    else:
+        stats["gave_up"] += 1
+        return
     while True:
         t0 = time.perf_counter()
         try:
@@ -100,7 +116,7 @@ def _worker(args) -> None:
     from swarm.host import HostConfig, open_host
 
     addr, first, count = args.worker[0], int(args.worker[1]), int(args.worker[2])
-    stats = {"lease_s": [], "push_s": [], "accepted": 0, "errors": []}
+    stats = {"lease_s": [], "push_s": [], "accepted": 0, "errors": [], "gave_up": 0}
 
     async def main():
         from contextlib import AsyncExitStack
@@ -112,8 +128,8 @@ def _worker(args) -> None:
                          for i in range(count)]
                 with trio.move_on_after(args.timeout):
                     async with trio.open_nursery() as nursery:
-                        for h in hosts:
-                            nursery.start_soon(_node, h, addr, args, stats)
+                        for i, h in enumerate(hosts):
+                            nursery.start_soon(_node, h, addr, args, stats, first + i)
 
     trio.run(main)
     args.out.write_text(json.dumps({**stats, "errors": stats["errors"][:20], "n_errors": len(stats["errors"]),
@@ -154,6 +170,7 @@ def run(args) -> None:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "bench.cli", "load", "--worker", addr, str(first), str(count),
                      "--out", str(out), "--gen-ms", str(args.gen_ms), "--tokens", str(args.tokens),
+                     "--join-stagger-ms", str(args.join_stagger_ms),
                      "--timeout", str(args.timeout)], stdin=subprocess.DEVNULL))
             print(f"load: {args.nodes} nodes in {len(procs)} processes against {addr}", flush=True)
             t_start, trained, rss_max, last = None, 0, _rss(), time.monotonic()
@@ -187,6 +204,7 @@ def run(args) -> None:
                 "worker_rss_mib_max": round(max((w["rss"] for w in workers), default=0) / 2**20, 1),
                 "accepted_by_nodes": sum(w["accepted"] for w in workers),
                 "node_errors": sum(w["n_errors"] for w in workers),
+                "nodes_gave_up": sum(w["gave_up"] for w in workers),
                 "workers_ok": sum(p.returncode == 0 for p in procs),
             })
 
