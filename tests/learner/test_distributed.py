@@ -181,7 +181,12 @@ def test_launch_gpus_2_on_cpu_rank0_alone_runs_the_swarm_side(tmp_path):
         node_log = open(tmp_path / "node.log", "w")
         node = subprocess.Popen(node_command(addr, tmp_path / "node", 1, "n0", "default") + ["--no-probe"],
                                 stdout=node_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        assert learner.wait(300) == 0, "".join(lines)[-4000:]
+        try:
+            rc = learner.wait(300)
+        except subprocess.TimeoutExpired:
+            rc = None
+        node_tail = (tmp_path / "node.log").read_text()[-2000:]
+        assert rc == 0, f"learner exit {rc}:\n" + "".join(lines)[-4000:] + "\nnode log:\n" + node_tail
     finally:
         for p in (learner, node):
             if p is not None and p.poll() is None:
