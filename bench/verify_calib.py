@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -79,7 +80,12 @@ def run(groups: int, group_size: int, max_tokens: int, temperature: float, kinds
                 comps = [(c.token_ids, [-0.05] * len(c.token_ids) if kind == "made_up" else c.logprobs) for c in gen]
             scored = verifier.score(prompt, [c[0] for c in comps], 0)
             st = group_stats([c[1] for c in comps], [[]] * len(comps), scored, with_z=True)
-            out[kind].append({"tokens": st.tokens, "mean_abs_diff": round(st.mean_abs_diff, 4), "z": round(st.z, 3)})
+            out[kind].append({"tokens": st.tokens, "mean_abs_diff": round(st.mean_abs_diff, 4), "z": round(st.z, 3),
+                              "excess_per_token": round(st.excess_per_token, 4),
+                              "sd_per_token": round(math.sqrt(st.var_sum / max(st.tokens, 1)), 4)})
+            print(f"  group {gi + 1} {kind}: mean|d| {st.mean_abs_diff:.3f} z {st.z:+.2f} excess/token "
+                  f"{st.excess_per_token:+.3f} ({st.tokens} tokens, "
+                  f"{time.perf_counter() - t0:.0f}s)", flush=True)
         print(f"group {gi + 1}/{groups} ({time.perf_counter() - t0:.0f}s): " + "  ".join(
             f"{k} d={out[k][-1]['mean_abs_diff']:.3f} z={out[k][-1]['z']:+.1f}" for k in kinds), flush=True)
     llama.close()

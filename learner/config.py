@@ -262,3 +262,6 @@ class VerifyConfig:
     #: Most |z| of a group's surprisal z-score (sampled text has z about N(0, 1) plus a small
     #: quantisation shift). Calibrated on honest nodes: see ``docs/security.md``.
     max_abs_z: float = 8.0
+    #: Excess surprisal (nats per token, either sign) tolerated before the z test counts: the
+    #: shift of honest quantised nodes, which sample from a slightly different distribution.
+    surprisal_slack: float = 0.2

@@ -54,6 +54,20 @@ class GroupStats:
     mean_abs_diff: float
     #: Surprisal z-score of the group (None when the test does not apply).
     z: float | None
+    #: Sum over the tokens of (-lp_t - H_t) and of V_t (for the slack-shifted test).
+    excess_sum: float = 0.0
+    var_sum: float = 0.0
+
+    @property
+    def excess_per_token(self) -> float:
+        return self.excess_sum / self.tokens if self.tokens else 0.0
+
+    def z_beyond(self, slack: float) -> float:
+        """z of the excess surprisal beyond +-``slack`` nats per token (0 inside the band)."""
+        if self.z is None or self.var_sum <= 0:
+            return 0.0
+        over = abs(self.excess_sum) - slack * self.tokens
+        return math.copysign(max(over, 0.0), self.excess_sum) / math.sqrt(self.var_sum)
 
 
 @dataclass
@@ -79,19 +93,21 @@ def group_stats(claimed: list[list[float]], masks: list[list[int]], scored: list
         var += float(np.sum(np.maximum(v, 0.0)))
     d = np.concatenate(diffs) if diffs else np.zeros(0)
     z = excess / math.sqrt(var) if with_z and var > 1e-9 else None
-    return GroupStats(int(d.size), float(d.mean()) if d.size else 0.0, z)
+    return GroupStats(int(d.size), float(d.mean()) if d.size else 0.0, z, excess, var)
 
 
-def judge(stats: GroupStats, max_mean_abs_diff: float, max_abs_z: float) -> str | None:
-    """Why a group fails verification, or ``None``."""
+def judge(stats: GroupStats, max_mean_abs_diff: float, max_abs_z: float, slack: float = 0.0) -> str | None:
+    """Why a group fails verification, or ``None``. ``slack``: nats per token of excess surprisal
+    allowed before the z test counts (the honest quantised node's bias, calibrated)."""
     if stats.tokens == 0:
         return None
     if stats.mean_abs_diff > max_mean_abs_diff:
         return (f"claimed log-probs differ from the policy's by {stats.mean_abs_diff:.3f} per token "
                 f"(at most {max_mean_abs_diff})")
-    if stats.z is not None and abs(stats.z) > max_abs_z:
-        return (f"text unlikely to be sampled from the policy: surprisal z = {stats.z:+.1f} over "
-                f"{stats.tokens} tokens (|z| at most {max_abs_z})")
+    zb = stats.z_beyond(slack)
+    if stats.z is not None and abs(zb) > max_abs_z:
+        return (f"text unlikely to be sampled from the policy: surprisal {stats.excess_per_token:+.2f} nats/token "
+                f"from the entropy, z = {zb:+.1f} beyond +-{slack} over {stats.tokens} tokens (|z| at most {max_abs_z})")
     return None
 
 
@@ -195,7 +211,7 @@ class Verifier:
                             scored, with_z)
         self.checked += 1
         self.history.append((peer_id, backend, stats))
-        reason = judge(stats, self.threshold(backend), self.cfg.max_abs_z)
+        reason = judge(stats, self.threshold(backend), self.cfg.max_abs_z, self.cfg.surprisal_slack)
         if reason is not None:
             self.failed += 1
         return reason

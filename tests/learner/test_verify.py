@@ -95,3 +95,16 @@ def test_training_advances_the_weights_version_and_stale_groups_are_skipped():
     assert v.take_metrics()["verify_skipped"] == 1 and v.take_metrics()["verify_skipped"] == 0
     assert [v.pick("p") for _ in range(3)] == [True, True, False]
     assert math.isclose(v.threshold("torch"), 0.3)
+
+
+def test_the_slack_absorbs_a_small_per_token_shift_but_not_inserted_text():
+    rng = np.random.default_rng(4)
+    # an honest node sampling from a slightly different (sharper/flatter) policy: a small shift
+    # per token that makes the plain z large over many tokens
+    shifted = GroupStats(tokens=512, mean_abs_diff=0.05, z=None, excess_sum=0.15 * 512, var_sum=0.5 * 512)
+    shifted.z = shifted.excess_sum / math.sqrt(shifted.var_sum)
+    assert shifted.z > 3 and judge(shifted, 0.3, 4.0, slack=0.2) is None
+    assert judge(shifted, 0.3, 4.0, slack=0.0) is not None
+    for choose in (uniform, greedy):
+        st = group(rng, choose)
+        assert abs(st.excess_per_token) > 0.5 and judge(st, 0.3, 4.0, slack=0.2).startswith("text unlikely")
