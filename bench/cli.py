@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("bench.capacity.profile", "measure this machine (node tokens/s, learner step, adapter size) for capacity planning"),
     "capacity": ("bench.capacity.cli", "plan the swarm: utilisation, staleness and cost model, cheapest mix, simulation"),
     "broadcast": ("bench.broadcast", "adapter dissemination: star vs tree on emulated links, simulator, codecs, parity"),
+    "model-fetch": ("bench.model_fetch", "base-model fetch by N nodes on emulated links: through peers vs from the learner alone"),
     "dashboard-overhead": ("bench.dashboard_bench", "the learner's step time with the live dashboard off and on (clients connected)"),
     "make-model": ("bench.make_model", "write a random-weight HF model of a supported family (llama3, qwen2, qwen3)"),
     "learner": ("bench.learner_bench", "learner training tokens/s and peak memory by device, rank count and model size"),

@@ -95,6 +95,8 @@ class LearnerModelServe:
             log.warning("model: %s reported another model %s", peer_id[-6:], short(msg.content_sha256))
             return ModelHaveAck(ok=False)
         before = self.holders.get(peer_id)
+        if before is not None and (before.complete, before.chunks) > (msg.complete, msg.chunks):
+            return ModelHaveAck()  # a late progress report: what the node holds only grows
         self.holders[peer_id] = msg
         if msg.complete and (before is None or not before.complete):
             self.completed_at[peer_id] = trio.current_time()

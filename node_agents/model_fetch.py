@@ -33,7 +33,7 @@ from swarm.content.manifest import ManifestError, verify_model_manifest
 from swarm.content.model_id import describe, short
 from swarm.content.serve import ModelServer
 from swarm.content.store import ModelCopy
-from swarm.errors import SwarmError
+from swarm.errors import PeerUnreachable, SwarmError
 from swarm.proto import MODEL_HAVE, MODEL_MANIFEST
 from swarm.proto.model import ModelHave, ModelHaveAck, ModelManifest, ModelManifestReply, ModelManifestRequest
 from swarm.wire import WireError
@@ -126,7 +126,20 @@ async def prepare_model(host, learner_peer: str, cfg, server: ModelServer | None
     cache_dir = getattr(cfg, "cache_dir", None) or None
     server = server or ModelServer(host)
     server.register()
-    manifest, holders = await run_manifest(host, learner_peer)
+    try:
+        manifest, holders = await run_manifest(host, learner_peer)
+    except PeerUnreachable as e:
+        if "does not serve" not in str(e):
+            raise
+        # A learner without the model protocols (an older one, or a test harness): a local
+        # model is used unchecked; the run's model cannot be had.
+        if is_run_model(cfg.model):
+            raise ModelError("the learner does not serve its base model; pass --model PATH|default") from e
+        log.warning("the learner does not serve its model; using the local one unchecked")
+        source = _local_source(cfg.model)
+        sha, _ = await trio.to_thread.run_sync(describe, source, cache_root(cache_dir))
+        path = await trio.to_thread.run_sync(lambda: for_backend(source, sha, cfg.backend, cfg.quant, cache_dir))
+        return PreparedModel(path, source, sha, "default" if str(cfg.model) == "default" else source.name)
     run_sha = manifest.content_sha256
     if is_run_model(cfg.model):
         copy = ModelCopy(manifest, models_root(cache_dir) / run_sha)
@@ -208,7 +221,10 @@ def for_backend(source: Path, sha: str, backend: str, quant: str = "keep", cache
         if not gguf.is_file():
             print(f"swarm-node: converting the model to GGUF ({outtype}) once ...", file=sys.stderr, flush=True)
             out_dir.mkdir(parents=True, exist_ok=True)
-            hf_to_gguf(source, gguf, outtype=outtype)
+            try:
+                hf_to_gguf(source, gguf, outtype=outtype, cache_dir=cache_dir)
+            except (OSError, ValueError, RuntimeError) as e:
+                raise ModelError(f"cannot convert the run's HF model to GGUF for llama.cpp: {e}") from e
         source = gguf
         if quant != "q4_1":
             return gguf

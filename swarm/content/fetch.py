@@ -34,8 +34,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class FetchSettings:
-    #: Chunks asked for in one request.
+    #: Most chunks asked for in one request. Each peer's batch adapts to its measured rate so
+    #: that one request takes about ``target_request_s`` (slow links: small requests, so one
+    #: slow reply never holds many chunks hostage and never runs into the timeout).
     batch: int = 8
+    #: Aimed-for duration (s) of one request.
+    target_request_s: float = 3.0
     #: Deadline (s) of one chunk request.
     request_timeout_s: float = 30.0
     #: How often (s) holders are asked for again and progress is reported.
@@ -50,6 +54,14 @@ class FetchSettings:
 
 class FetchError(Exception):
     """The model could not be fetched (no peer had the missing chunks for ``give_up_s``)."""
+
+
+def next_batch(rate_bps: float, chunk_bytes: int, target_s: float, most: int) -> int:
+    """Chunks to ask for next from a peer that delivered ``rate_bps`` (bytes/s) so far:
+    about ``target_s`` worth, at least 1 and at most ``most``."""
+    if rate_bps <= 0:
+        return 1
+    return max(1, min(most, int(rate_bps * target_s / max(1, chunk_bytes))))
 
 
 def pick_chunks(missing: list[int], in_flight: set[int], peer_has: set[int] | None, batch: int,
@@ -186,11 +198,13 @@ class ModelFetcher:
         peer_has: set[int] | None = None if peer == self.learner_peer else set()
         failures = 0
         stream = None
+        batch = 1
         try:
             if peer != self.learner_peer:
                 await self._dial(ref)
             while self.copy.missing():
-                want = pick_chunks(self.copy.missing(), self._in_flight, peer_has, s.batch, self._start)
+                want = pick_chunks(self.copy.missing(), self._in_flight, peer_has, batch, self._start)
+                t0 = trio.current_time()
                 self._in_flight.update(want)
                 try:
                     if stream is None:  # one stream per peer, many requests on it
@@ -222,6 +236,8 @@ class ModelFetcher:
                         return
                     got += len(frame.data)
                 if got:
+                    rate = got / max(1e-3, trio.current_time() - t0)
+                    batch = next_batch(rate, m.chunk_bytes, s.target_request_s, s.batch)
                     self.from_peers[peer] = self.from_peers.get(peer, 0) + got
                     self._report_progress()
                     self._poke()

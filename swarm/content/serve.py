@@ -62,6 +62,8 @@ class ModelServer:
                 await write_frame(stream, reply.to_wire(), timeout=WRITE_TIMEOUT_S, compress_threshold=cap, max_size=cap)
         except (SwarmError, FrameError, WireError) as e:
             log.info("model chunk stream from %s ended: %s: %s", peer[-8:], type(e).__name__, e)
+        except Exception as e:  # a failing read must never take the host down
+            log.warning("model chunk stream from %s failed: %s: %s", peer[-8:], type(e).__name__, e)
         finally:
             await close_stream(stream, reset=not ok)
 

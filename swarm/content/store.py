@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import msgpack
@@ -77,6 +78,8 @@ class ModelCopy:
         self.held: set[int] = set()
         self._reader: FilesReader | None = None
         self.model_path: Path | None = None
+        #: Held while the payload becomes the model's files (chunks are served from threads).
+        self._lock = threading.Lock()
         if source is not None:  # complete files already on disk (the learner's, or a node's own copy)
             self._use_files(Path(source))
         elif directory is not None:
@@ -182,11 +185,12 @@ class ModelCopy:
         if not self.has(i):
             return None
         off, size = chunk_range(self.manifest, i)
-        if self._reader is not None:
-            return self._reader.read(off, size)
-        with open(self.dir / "payload.part", "rb") as f:
-            f.seek(off)
-            return f.read(size)
+        with self._lock:
+            if self._reader is not None:
+                return self._reader.read(off, size)
+            with open(self.dir / "payload.part", "rb") as f:
+                f.seek(off)
+                return f.read(size)
 
     def finish(self) -> Path:
         """Split the complete payload into the model's files, check each file's SHA-256 and
@@ -195,6 +199,10 @@ class ModelCopy:
             return self.model_path  # type: ignore[return-value]
         if self.missing():
             raise RuntimeError(f"{len(self.missing())} chunk(s) still missing")
+        with self._lock:
+            return self._finish()
+
+    def _finish(self) -> Path:
         m, d = self.manifest, self.dir
         payload, model_dir = d / "payload.part", d / "model"
         if model_dir.exists():

@@ -203,3 +203,46 @@ def test_llamacpp_requantises_the_default_model_once(tmp_path):
     llm = llama_cpp.Llama(str(out), n_ctx=64, verbose=False)  # llama.cpp loads it
     assert llm.n_vocab() == 49152
     llm.close()
+
+
+@pytest.mark.slow
+def test_an_hf_directory_model_is_fetched_and_converted_for_llamacpp(tmp_path):
+    """An HF-directory run model (several files) reaches a llama.cpp node as a GGUF made by
+    llama.cpp's own converter, which llama.cpp then loads."""
+    import llama_cpp
+
+    from bench.make_model import make_model
+
+    hf = make_model("qwen3", tmp_path / "hf", "tiny")
+    out = {}
+
+    async def main():
+        async with open_host(tmp_path / "L", listen_addr=LOOPBACK) as lh, \
+                open_host(tmp_path / "B", listen_addr=LOOPBACK) as bh:
+            await start_model_serve(lh, hf, "tiny-qwen3", chunk_bytes=CHUNK)
+            learner = await bh.connect(lh.addrs[0])
+            cfg = SimpleNamespace(model="", backend="llamacpp", quant="keep", cache_dir=tmp_path / "c")
+            out["prepared"] = await prepare_model(bh, learner, cfg)
+
+    run_trio(main, 240)
+    p = out["prepared"]
+    assert p.source.is_dir() and content_sha256(p.source) == content_sha256(hf) == p.content_sha256
+    assert p.path.suffix == ".gguf"
+    llm = llama_cpp.Llama(str(p.path), n_ctx=32, verbose=False)
+    llm.close()
+
+
+def test_a_learner_without_the_model_protocols_leaves_a_local_model_unchecked(tmp_path, model_file):
+    out = {}
+
+    async def main():
+        async with open_host(tmp_path / "L", listen_addr=LOOPBACK) as lh, \
+                open_host(tmp_path / "B", listen_addr=LOOPBACK) as bh:
+            learner = await bh.connect(lh.addrs[0])  # serves nothing
+            base = dict(backend="torch", quant="keep", cache_dir=tmp_path / "c")
+            out["local"] = await prepare_model(bh, learner, SimpleNamespace(model=str(model_file), **base))
+            with pytest.raises(ModelError, match="does not serve"):
+                await prepare_model(bh, learner, SimpleNamespace(model="", **base))
+
+    run_trio(main)
+    assert out["local"].content_sha256 == content_sha256(model_file)

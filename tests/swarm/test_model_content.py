@@ -8,7 +8,7 @@ import os
 import pytest
 
 from swarm.content import model_id
-from swarm.content.fetch import pick_chunks
+from swarm.content.fetch import next_batch, pick_chunks
 from swarm.content.manifest import (ManifestError, build_model_manifest, chunk_ok, sign_model_manifest,
                                     verify_model_manifest)
 from swarm.content.model_id import EXCLUDED_NAMES, content_sha256, describe
@@ -180,3 +180,11 @@ def test_bitmap_round_trip():
     held = {0, 7, 8, 99}
     assert from_bitmap(bitmap(held, 100), 100) == held
     assert from_bitmap(b"\xff", 3) == {0, 1, 2}
+
+
+def test_batch_follows_the_peers_rate():
+    mib = 1 << 20
+    assert next_batch(0.0, mib, 3.0, 8) == 1  # nothing measured yet
+    assert next_batch(0.3e6, mib, 3.0, 8) == 1  # a slow, shared link: one chunk a request
+    assert next_batch(2 * mib, mib, 3.0, 8) == 6
+    assert next_batch(100e6, mib, 3.0, 8) == 8  # fast: capped
