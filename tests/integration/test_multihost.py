@@ -14,7 +14,7 @@ NAT router forwards the NAT'd node's port and the node ``--announce``s the route
 (as ``docs/deploy.md`` describes): the dial-back then finds it reachable.
 
 Slow (``make test-slow``): on a 2-core machine shared with other heavy jobs (load about 14) the
-two tests took 937 s and 395 s, mostly the learner's training steps under contention.
+two tests took 937 s and 395 s (another run: 958 s for both), mostly the learner's training steps under contention.
 """
 
 from __future__ import annotations
