@@ -28,6 +28,17 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 CDP_TIMEOUT_S = 30.0
 
 
+def _die_with_parent() -> None:
+    """Linux: the browser gets SIGTERM if the test process dies without cleaning up."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -81,7 +92,8 @@ async def open_browser(width: int = 1280, height: int = 1400):
     with tempfile.TemporaryDirectory(prefix="echo-swarm-chromium-") as profile:
         cmd = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
                "--remote-debugging-address=127.0.0.1", f"--window-size={width},{height}", "about:blank"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent)
         try:
             port_file = Path(profile) / "DevToolsActivePort"
             with trio.fail_after(CDP_TIMEOUT_S):
