@@ -258,10 +258,10 @@ class VerifyConfig:
     #: Per backend: most mean |claimed - recomputed| log-prob per token over a group (``default``
     #: for unlisted backends). Calibrated on honest nodes: see ``docs/security.md``.
     max_mean_abs_diff: dict[str, float] = field(default_factory=lambda: {
-        "llamacpp": 0.35, "torch": 0.05, "mlx": 0.05, "default": 0.35})
-    #: Most |z| of a group's surprisal z-score (sampled text has z about N(0, 1) plus a small
-    #: quantisation shift). Calibrated on honest nodes: see ``docs/security.md``.
-    max_abs_z: float = 8.0
+        "llamacpp": 0.2, "torch": 0.05, "mlx": 0.2, "default": 0.2})
+    #: Most |z| of a group's surprisal excess beyond ``surprisal_slack`` (sampled text has z about
+    #: N(0, 1)). Calibrated on honest nodes: see ``docs/benchmarks.md``.
+    max_abs_z: float = 4.0
     #: Excess surprisal (nats per token, either sign) tolerated before the z test counts: the
     #: shift of honest quantised nodes, which sample from a slightly different distribution.
     surprisal_slack: float = 0.2
