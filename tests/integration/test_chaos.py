@@ -72,7 +72,7 @@ def test_learner_kill_and_resume_while_nodes_stay_up(tmp_path):
     learner = start(learner_cmd(cfg, run_dir, port, False), tmp_path / "learner-1.log")
     nodes: list[subprocess.Popen] = []
     try:
-        line = wait_for(lambda: re.search(r"listening on (\S+)", (tmp_path / "learner-1.log").read_text()),
+        line = wait_for(lambda: re.search(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", (tmp_path / "learner-1.log").read_text()),
                         240, "the learner to listen", [learner])
         addr = line.group(1)
 
