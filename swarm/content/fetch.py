@@ -121,7 +121,16 @@ class ModelFetcher:
         if not self.copy.missing():
             return
         s = self.settings
+        first = await self._holder_refs()
+        # Dial the holders known now before any worker starts, so the learner (dialled
+        # already) does not serve the whole model while the peers' dials are under way:
+        # its upload is shared by the whole swarm.
+        async with trio.open_nursery() as dials:
+            for ref in first:
+                dials.start_soon(self._try_dial, ref)
         async with trio.open_nursery() as nursery:
+            for ref in first:
+                self._spawn(nursery, ref)
             nursery.start_soon(self._refresh_loop, nursery)
             last = trio.current_time()
             while self.copy.missing():
@@ -154,15 +163,29 @@ class ModelFetcher:
             self._spawn(nursery, PeerRef(self.learner_peer, []))  # again if its worker gave up
             if self.copy.count():
                 await self._report()
-            try:
-                with trio.fail_after(s.request_timeout_s):
-                    refs = await self.holders()
-            except (SwarmError, WireError, trio.TooSlowError) as e:
-                log.info("holder refresh failed: %s", e)
-                refs = []
-            for ref in refs:
+            for ref in await self._holder_refs():
                 self._spawn(nursery, ref)
             await trio.sleep(s.holder_refresh_s)
+
+    async def _holder_refs(self) -> list[PeerRef]:
+        """The current holders (other than this node), or none when the learner cannot say."""
+        me = getattr(self.host, "peer_id", "")
+        try:
+            with trio.fail_after(self.settings.request_timeout_s):
+                refs = await self.holders()
+        except (SwarmError, WireError, trio.TooSlowError) as e:
+            log.info("holder refresh failed: %s", e)
+            return []
+        return [r for r in refs if r.peer_id != me and r.peer_id not in self.bad_peers]
+
+    async def _try_dial(self, ref: PeerRef) -> None:
+        if ref.peer_id == self.learner_peer:
+            return
+        try:
+            with trio.move_on_after(self.settings.request_timeout_s):
+                await self._dial(ref)
+        except SwarmError as e:
+            log.info("model holder %s unreachable: %s", ref.peer_id[-8:], e)
 
     def _spawn(self, nursery: trio.Nursery, ref: PeerRef) -> None:
         me = getattr(self.host, "peer_id", "")
@@ -223,6 +246,7 @@ class ModelFetcher:
                 finally:
                     self._in_flight.difference_update(want)
                 failures = 0
+                known = peer_has
                 if peer_has is not None:
                     peer_has = from_bitmap(reply.have, self.copy.n)
                 got = 0
@@ -241,7 +265,7 @@ class ModelFetcher:
                     self.from_peers[peer] = self.from_peers.get(peer, 0) + got
                     self._report_progress()
                     self._poke()
-                else:
+                elif want or peer_has == known:  # nothing new from this peer: ask again later
                     await trio.sleep(s.empty_backoff_s)
         except SwarmError as e:
             log.info("model holder %s unreachable: %s", peer[-8:], e)

@@ -130,8 +130,12 @@ def test_verifier_accepts_honest_episodes_and_rejects_forged_observations(setup,
     lease = lease_of(coord)
     _, rejected = coord.submit("A", lease.lease_id, [forged], now=1.0)
     assert rejected["g0"].startswith("episode_replay: episode 0") and coord.ledger["g0"] != COMPLETED
-    accepted, rejected = coord.submit("A", lease.lease_id, [result], now=2.0)
-    assert accepted == ["g0"] and rejected == {}
+    # The refused group is pending again at once, for another peer; the honest episodes pass.
+    assert coord.lease("A", 1, now=1.5) is None
+    again = lease_of(coord, peer="B")
+    assert again is not None and again.group_ids == ["g0"]
+    accepted, rejected = coord.submit("B", again.lease_id, [result], now=2.0)
+    assert accepted == ["g0"] and rejected == {} and coord.ledger["g0"] == COMPLETED
 
 
 def test_rewards_are_recomputed_by_replay_and_env_tokens_are_masked(setup, chatml_tokenizer):

@@ -108,6 +108,13 @@ def make_adapter(model_dims):
     return lambda seed, b_std, version=1: random_adapter(model_dims, seed, b_std, version)
 
 
+@pytest.fixture(scope="session")
+def adapter_factory():
+    """:func:`random_adapter` itself (a bare ``from conftest import`` picks another directory's
+    conftest in a full run)."""
+    return random_adapter
+
+
 def random_adapter(dims: dict[str, int], seed: int, b_std: float, version: int = 1,
                    rank: int = 8, alpha: float = 16.0) -> LoraAdapter:
     """An adapter with random A and (non-zero) B for every projection of every layer."""

@@ -139,8 +139,9 @@ def test_quantised_default_gguf_agreement_is_bounded(llama_backend_cls, base_ggu
     assert diff.max() < Q_MAX_ABS and diff.mean() < Q_MEAN_ABS and agree >= Q_ARGMAX_AGREE
 
 
-def test_torch_hot_swap_keeps_base_and_restores_outputs(torch_be, make_adapter, model_dims, prompt_ids):
-    from conftest import random_adapter
+def test_torch_hot_swap_keeps_base_and_restores_outputs(torch_be, make_adapter, model_dims, prompt_ids,
+                                                        adapter_factory):
+    random_adapter = adapter_factory
 
     ids = prompt_ids[:12]
     torch_be.set_adapter(None)
