@@ -178,26 +178,39 @@ class Verifier:
                 self.spent_s += time.perf_counter() - t0
 
     def _score(self, prompt_ids: list[int], completions: list[list[int]]) -> list[Scored]:
+        """One decoder pass over the whole group (right-padded: causal attention keeps the padding
+        out of every real position), then the LM head and softmax row by row. Runs with one torch
+        thread: the nodes are generating on the other cores meanwhile, and a thread pool as wide as
+        the machine slows down sharply when it shares the cores."""
         import torch
 
         model, dev, t = self.trainer.model, self.trainer.device, max(float(self.temperature), 1e-6)
+        if not completions:
+            return []
         model.eval()
         base = model.get_base_model()
         decoder, head = base.get_decoder(), base.get_output_embeddings()
+        width = max(len(ids) for ids in completions)
+        rows = [list(prompt_ids) + list(ids) + [0] * (width - len(ids)) for ids in completions]
+        p0 = len(prompt_ids) - 1
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
         out = []
-        with torch.inference_mode():
-            for ids in completions:
-                x = torch.tensor([list(prompt_ids) + list(ids)], dtype=torch.long, device=dev)  # [1, P+T]
-                p0 = len(prompt_ids) - 1
-                hidden = decoder(input_ids=x).last_hidden_state[0, p0:p0 + len(ids)]  # [T, H]: t predicts token t
-                logp = torch.log_softmax(head(hidden).float() / t, dim=-1)  # [T, V]
-                p = logp.exp()
-                tok = torch.tensor(list(ids), dtype=torch.long, device=dev)
-                lp = logp.gather(1, tok[:, None])[:, 0]
-                h = -(p * logp).sum(-1)
-                e2 = (p * logp * logp).sum(-1)
-                out.append(Scored(lp.double().cpu().numpy(), h.double().cpu().numpy(),
-                                  (e2 - h * h).double().cpu().numpy()))
+        try:
+            with torch.inference_mode():
+                x = torch.tensor(rows, dtype=torch.long, device=dev)  # [G, P+T]
+                hidden = decoder(input_ids=x).last_hidden_state[:, p0:p0 + width]  # [G, T, H]: t predicts token t
+                for i, ids in enumerate(completions):
+                    logp = torch.log_softmax(head(hidden[i, :len(ids)]).float() / t, dim=-1)  # [T_i, V]
+                    p = logp.exp()
+                    tok = torch.tensor(list(ids), dtype=torch.long, device=dev)
+                    lp = logp.gather(1, tok[:, None])[:, 0]
+                    h = -(p * logp).sum(-1)
+                    e2 = (p * logp * logp).sum(-1)
+                    out.append(Scored(lp.double().cpu().numpy(), h.double().cpu().numpy(),
+                                      (e2 - h * h).double().cpu().numpy()))
+        finally:
+            torch.set_num_threads(threads)
         return out
 
     def check_group(self, peer_id: str, backend: str, prompt_ids: list[int], result) -> str | None:
@@ -219,6 +232,12 @@ class Verifier:
     def take_metrics(self) -> dict[str, float]:
         out = {"verify_groups": self.checked, "verify_skipped": self.skipped, "verify_failed": self.failed,
                "verify_s": round(self.spent_s, 3)}
+        step = self.history[len(self.history) - self.checked:] if self.checked else []
+        if step:  # the margins to the thresholds: the largest statistics of this step's groups
+            out["verify_max_abs_diff"] = round(max(st.mean_abs_diff for _, _, st in step), 4)
+            zs = [abs(st.z_beyond(self.cfg.surprisal_slack)) for _, _, st in step if st.z is not None]
+            if zs:
+                out["verify_max_abs_z"] = round(max(zs), 3)
         self.spent_s, self.checked, self.skipped, self.failed = 0.0, 0, 0, 0
         return out
 

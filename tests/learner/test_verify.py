@@ -108,3 +108,30 @@ def test_the_slack_absorbs_a_small_per_token_shift_but_not_inserted_text():
     for choose in (uniform, greedy):
         st = group(rng, choose)
         assert abs(st.excess_per_token) > 0.5 and judge(st, 0.3, 4.0, slack=0.2).startswith("text unlikely")
+
+
+def test_group_scoring_matches_the_trainers_logprobs_for_ragged_completions(tmp_path):
+    """The batched, right-padded pass scores each completion exactly as the trainer does: a wrong
+    offset or padding that leaks into a real position fails it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from learner.models import ResolvedModel
+    from learner.trainer import ComputeConfig, LoraConfig, LossConfig, OptimConfig, Trainer, TrainSample
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                 tie_word_embeddings=True)).save_pretrained(tmp_path)
+    trainer = Trainer(ResolvedModel(name="tiny", gguf_path=None, hf_dir=tmp_path), LoraConfig(rank=4, alpha=8),
+                      OptimConfig(), LossConfig(), ComputeConfig(micro_batch_size=4, torch_threads=1), seed=0)
+    cfg = types.SimpleNamespace(first_groups=2, sample_frac=0.0, budget_s_per_step=0.0,
+                                max_mean_abs_diff={"default": 0.3}, max_abs_z=8.0, surprisal_slack=0.2)
+    v = Verifier(trainer=trainer, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0)
+    prompt = [5, 9, 17, 33]
+    comps = [[40, 41, 42, 43, 44, 45, 46], [50], [60, 61, 62]]
+    scored = v.score(prompt, comps, version=0)
+    want = trainer.logprobs([TrainSample(prompt, c, [0.0] * len(c), 0.0) for c in comps], autocast=False)
+    for s, w, c in zip(scored, want, comps):
+        assert s.logprobs.shape == (len(c),) and (s.entropy > 0).all() and (s.variance >= 0).all()
+        np.testing.assert_allclose(s.logprobs, w, atol=1e-4)
