@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 
 from swarm.content.model_id import ModelFileRef, content_sha256_of, model_files
-from swarm.dissem.manifest import ManifestError, chunk_hash, public_key_of
+from swarm.dissem.manifest import ManifestError, check_signature, chunk_hash
 from swarm.proto.model import ModelFile, ModelManifest
 from swarm.wire import WireError
 
@@ -113,18 +113,7 @@ def verify_model_manifest(m: ModelManifest, learner_peer_id: str, content_sha256
     """Raise :class:`ManifestError` unless ``m`` is signed by ``learner_peer_id``, is
     self-consistent and (when given) describes the model ``content_sha256``."""
     tag = f"model manifest {m.content_sha256[:12]}"
-    if m.signer != learner_peer_id:
-        raise ManifestError(f"{tag} is signed by {m.signer}, not the learner {learner_peer_id}")
-    if not m.signature:
-        raise ManifestError(f"{tag} is unsigned")
-    try:
-        ok = public_key_of(learner_peer_id).verify(canonical_bytes(m), m.signature)
-    except ManifestError:
-        raise
-    except Exception as e:
-        raise ManifestError(f"{tag}: signature check failed: {e}") from e
-    if not ok:
-        raise ManifestError(f"{tag}: bad signature")
+    check_signature(m.signer, m.signature, canonical_bytes(m), learner_peer_id, tag)
     if content_sha256 is not None and m.content_sha256 != content_sha256:
         raise ManifestError(f"{tag} is not the model {content_sha256[:12]} that was asked for")
     check_consistent(m)

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgpack
 
-from swarm.dissem.manifest import ManifestError, _sorted, public_key_of
+from swarm.dissem.manifest import ManifestError, _sorted, check_signature
 from swarm.proto.dissem import Instructions, PeerRef, StripeTree, Subtree
 
 #: Prepended to the signed bytes so these signatures cannot be replayed as another message's.
@@ -45,18 +45,8 @@ def sign_instructions(instr: Instructions, private_key: Any) -> Instructions:
 
 def verify_instructions(instr: Instructions, learner_peer_id: str, run_id: str | None, version: int) -> None:
     """Raise :class:`ManifestError` unless ``instr`` is the learner's, for this run and version."""
-    if instr.signer != learner_peer_id:
-        raise ManifestError(f"relay instructions for v{instr.version} are signed by {instr.signer}, not the learner")
-    if not instr.signature:
-        raise ManifestError(f"relay instructions for v{instr.version} are unsigned")
-    try:
-        ok = public_key_of(learner_peer_id).verify(canonical_bytes(instr), instr.signature)
-    except ManifestError:
-        raise
-    except Exception as e:
-        raise ManifestError(f"relay instructions v{instr.version}: signature check failed: {e}") from e
-    if not ok:
-        raise ManifestError(f"relay instructions v{instr.version}: bad signature")
+    check_signature(instr.signer, instr.signature, canonical_bytes(instr), learner_peer_id,
+                    f"relay instructions for v{instr.version}")
     if run_id is not None and instr.run_id != run_id:
         raise ManifestError(f"relay instructions are for run {instr.run_id}, not {run_id}")
     if instr.version != version:

@@ -90,21 +90,29 @@ def public_key_of(peer_id: str) -> Any:
     return key
 
 
-def verify_manifest(manifest: Manifest, learner_peer_id: str, run_id: str | None = None) -> None:
-    """Raise :class:`ManifestError` unless ``manifest`` is signed by ``learner_peer_id``,
-    belongs to ``run_id`` (when given) and is self-consistent."""
-    if manifest.signer != learner_peer_id:
-        raise ManifestError(f"manifest v{manifest.version} is signed by {manifest.signer}, not the learner")
-    if not manifest.signature:
-        raise ManifestError(f"manifest v{manifest.version} is unsigned")
+def check_signature(signer: str, signature: bytes, payload: bytes, learner_peer_id: str, what: str) -> None:
+    """Raise :class:`ManifestError` unless ``signature`` over ``payload`` (a message's canonical
+    bytes) is ``learner_peer_id``'s Ed25519 signature and ``signer`` names it. ``what``
+    names the message in the error."""
+    if signer != learner_peer_id:
+        raise ManifestError(f"{what} is signed by {signer}, not the learner {learner_peer_id}")
+    if not signature:
+        raise ManifestError(f"{what} is unsigned")
     try:
-        ok = public_key_of(learner_peer_id).verify(canonical_bytes(manifest), manifest.signature)
+        ok = public_key_of(learner_peer_id).verify(payload, signature)
     except ManifestError:
         raise
     except Exception as e:
-        raise ManifestError(f"manifest v{manifest.version}: signature check failed: {e}") from e
+        raise ManifestError(f"{what}: signature check failed: {e}") from e
     if not ok:
-        raise ManifestError(f"manifest v{manifest.version}: bad signature")
+        raise ManifestError(f"{what}: bad signature")
+
+
+def verify_manifest(manifest: Manifest, learner_peer_id: str, run_id: str | None = None) -> None:
+    """Raise :class:`ManifestError` unless ``manifest`` is signed by ``learner_peer_id``,
+    belongs to ``run_id`` (when given) and is self-consistent."""
+    check_signature(manifest.signer, manifest.signature, canonical_bytes(manifest), learner_peer_id,
+                    f"manifest v{manifest.version}")
     if run_id is not None and manifest.run_id != run_id:
         raise ManifestError(f"manifest v{manifest.version} is for run {manifest.run_id}, not {run_id}")
     check_consistent(manifest)
