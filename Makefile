@@ -28,7 +28,7 @@ demo: $(STAMP)
 test: $(STAMP) netns-tools browser-tools
 	$(BIN)/python -m pytest -q
 
-test-slow: $(STAMP) netns-tools
+test-slow: $(STAMP) netns-tools browser-tools
 	$(BIN)/python -m pytest -q -m slow
 
 bench: $(STAMP)
