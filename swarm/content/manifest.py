@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 
 from swarm.content.model_id import ModelFileRef, content_sha256_of, model_files
-from swarm.dissem.manifest import ManifestError, check_signature, chunk_hash
+from swarm.dissem.manifest import ManifestError, check_signature, chunk_hash, signing_payload
 from swarm.proto.model import ModelFile, ModelManifest
 from swarm.wire import WireError
 
@@ -34,18 +34,8 @@ __all__ = ["DEFAULT_CHUNK_BYTES", "ManifestError", "build_model_manifest", "cano
            "chunk_range", "sign_model_manifest", "verify_model_manifest"]
 
 
-def _sorted(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _sorted(obj[k]) for k in sorted(obj)}
-    if isinstance(obj, list):
-        return [_sorted(v) for v in obj]
-    return obj
-
-
 def canonical_bytes(m: ModelManifest) -> bytes:
-    wire = m.to_wire()
-    wire.pop("signature", None)
-    return SIGNING_DOMAIN + msgpack.packb(_sorted(wire), use_bin_type=True)
+    return signing_payload(m, SIGNING_DOMAIN)
 
 
 def _cache_file(cache_dir: Path, files: list[tuple[str, Path]], chunk_bytes: int) -> Path:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgpack
-
-from swarm.dissem.manifest import ManifestError, _sorted, check_signature
+from swarm.dissem.manifest import ManifestError, check_signature, signing_payload
 from swarm.proto.dissem import Instructions, PeerRef, StripeTree, Subtree
 
 #: Prepended to the signed bytes so these signatures cannot be replayed as another message's.
@@ -25,9 +23,7 @@ SIGNING_DOMAIN = b"echo-swarm/relay-instructions/1\x00"
 
 
 def canonical_bytes(instr: Instructions) -> bytes:
-    wire = instr.to_wire()
-    wire.pop("signature", None)
-    return SIGNING_DOMAIN + msgpack.packb(_sorted(wire), use_bin_type=True)
+    return signing_payload(instr, SIGNING_DOMAIN)
 
 
 def build_instructions(run_id: str, version: int, stripes: int, roots: list[list[Subtree]],

@@ -37,10 +37,16 @@ def _sorted(obj: Any) -> Any:
     return obj
 
 
-def canonical_bytes(manifest: Manifest) -> bytes:
-    wire = manifest.to_wire()
+def signing_payload(msg: Any, domain: bytes) -> bytes:
+    """What the learner signs of a message: a domain tag (so a signature of one kind of message
+    is never valid for another), then its wire form without ``signature`` as key-sorted msgpack."""
+    wire = msg.to_wire()
     wire.pop("signature", None)
-    return SIGNING_DOMAIN + msgpack.packb(_sorted(wire), use_bin_type=True)
+    return domain + msgpack.packb(_sorted(wire), use_bin_type=True)
+
+
+def canonical_bytes(manifest: Manifest) -> bytes:
+    return signing_payload(manifest, SIGNING_DOMAIN)
 
 
 def chunk_payload(data: bytes, chunk_bytes: int) -> list[bytes]:
