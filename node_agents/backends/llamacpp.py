@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from node_agents.backends.base import Capabilities, LoraAdapter, SampledCompletion, SamplingParams, generate_in_chunks
-from node_agents.backends.sampling import sample_rows
+from node_agents.backends.sampling import completion_rngs, sample_rows
 
 _GGML_TYPE_F32 = 0
 _LOG_LEVEL_ERROR = 3
@@ -345,8 +345,7 @@ class LlamaCppBackend:
         rows = self._decode_prompt(prompt)
         for j in range(1, m):
             lc.llama_memory_seq_cp(self._mem, 0, j, -1, -1)
-        seed = int(params.seed) % (1 << 64)  # SeedSequence wants non-negative entropy
-        rngs = [np.random.default_rng([seed, first + j]) for j in range(m)]
+        rngs = completion_rngs(params.seed, first, m)
         limit = min(int(params.max_tokens), self.n_ctx - len(prompt))
         tokens: list[list[int]] = [[] for _ in range(m)]
         logprobs: list[list[float]] = [[] for _ in range(m)]

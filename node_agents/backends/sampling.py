@@ -120,6 +120,14 @@ def record_step(toks, lps, active: list[int], tokens: list[list[int]], logprobs:
     return keep_rows, still
 
 
+def completion_rngs(seed: int, first: int, m: int) -> list:
+    """The generators of completions ``first .. first+m-1`` of a group: completion ``j`` draws
+    from ``default_rng([seed, j])`` on every backend and pipeline stage, so a lease's seed makes
+    a group reproducible (``seed`` reduced to 64 bits: SeedSequence wants non-negative entropy)."""
+    seed = int(seed) % (1 << 64)
+    return [np.random.default_rng([seed, first + j]) for j in range(m)]
+
+
 def chunk_state(prompt_len: int, n_ctx: int, first: int, m: int, params) -> tuple | None:
     """Per-chunk decoding state of completions ``first .. first+m-1`` of a group:
     ``(limit, rngs, tokens, logprobs, finish)``, or ``None`` when the prompt leaves no room.
@@ -127,6 +135,4 @@ def chunk_state(prompt_len: int, n_ctx: int, first: int, m: int, params) -> tupl
     limit = min(int(params.max_tokens), n_ctx - prompt_len)
     if limit <= 0:
         return None
-    seed = int(params.seed) % (1 << 64)
-    rngs = [np.random.default_rng([seed, first + j]) for j in range(m)]
-    return limit, rngs, [[] for _ in range(m)], [[] for _ in range(m)], ["length"] * m
+    return limit, completion_rngs(params.seed, first, m), [[] for _ in range(m)], [[] for _ in range(m)], ["length"] * m

@@ -26,7 +26,7 @@ import numpy as np
 
 from node_agents.backends.base import LoraAdapter
 from node_agents.backends.mlx_backend import MlxBackend
-from node_agents.backends.sampling import sample_rows
+from node_agents.backends.sampling import completion_rngs, sample_rows
 from swarm.pipeline.layers import layer_index
 from swarm.pipeline.proto import StageForward, StageOpen, StageResult, TensorBlob
 from swarm.pipeline.server import StageRefused
@@ -126,8 +126,7 @@ class MlxStage:
             s = _Session(caches=[KVCache() for _ in range(self.start, self.end)], wire_dtype=req.wire_dtype,
                          temperature=req.temperature, top_p=req.top_p)
             if self.last:
-                seed = int(req.seed) % (1 << 64)
-                s.rngs = [np.random.default_rng([seed, j]) for j in range(req.batch)]
+                s.rngs = completion_rngs(req.seed, 0, req.batch)
                 s.active = [0]
             self._sessions[session_id] = s
 

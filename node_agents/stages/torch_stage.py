@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from node_agents.backends.base import LoraAdapter
-from node_agents.backends.sampling import sample_rows
+from node_agents.backends.sampling import completion_rngs, sample_rows
 from node_agents.backends.torch_backend import pick_device_dtype
 from node_agents.stages.tensors import from_blob, to_blob
 from swarm.pipeline.layers import slice_for_range
@@ -236,8 +236,7 @@ class TorchStage:
                          max_len=req.max_len,
                          temperature=req.temperature, top_p=req.top_p)
             if self.last:
-                seed = int(req.seed) % (1 << 64)
-                s.rngs = [np.random.default_rng([seed, j]) for j in range(req.batch)]
+                s.rngs = completion_rngs(req.seed, 0, req.batch)
                 s.active = [0]
             self._sessions[session_id] = s
 
