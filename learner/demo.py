@@ -50,9 +50,12 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
-def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None) -> int:
+def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None,
+             node_cpus: set[int] | None = None) -> int:
     """``backends``: one node per entry with that backend (overrides ``n_nodes``); the learner
-    then holds back the first lease until all of them wait for work, so each one contributes."""
+    then holds back the first lease until all of them wait for work, so each one contributes.
+    ``node_cpus``: pin every node process to these CPUs (``os.sched_setaffinity`` right after
+    it starts, before it makes threads) and size the nodes' threads to them, not to all cores."""
     from learner.loop import run_learner
 
     from learner.config import NetworkConfig
@@ -66,7 +69,7 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
     run_dir = Path(run_dir)
     (run_dir / "nodes").mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
-    node_threads = max(1, cores // n_nodes)
+    node_threads = max(1, (len(node_cpus) if node_cpus else cores) // n_nodes)
     if cfg.train.torch_threads == 0:
         cfg.train.torch_threads = cores
     # every node gets the learner's model in its own backend's format (an HF directory is
@@ -95,6 +98,8 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
                 logs.append(log)
                 cmd = node_command(addrs[0], run_dir / "nodes" / name, node_threads, name, node_model, backend)
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                if node_cpus:
+                    os.sched_setaffinity(procs[-1].pid, node_cpus)
             print(f"demo: started {n_nodes} node(s); their logs are in {run_dir / 'nodes'}", flush=True)
         return []
 
