@@ -1,17 +1,29 @@
-"""``swarm-bench throughput``: a node backend's generation speed against raw llama-cpp-python.
+"""``swarm-bench throughput``: a node backend's generation speed against raw llama.cpp.
 
-Both sides get the same model, thread count, flash-attention setting, prompts, sampling
+Three sides get the same model, thread count, flash-attention setting, prompts, sampling
 (temperature, top-p, no top-k / min-p / repetition penalty), max tokens and number of
-completions per prompt. The node side generates each GRPO group as one batch and also
-computes every token's behaviour log-prob; the raw side is llama-cpp-python's high-level
-``Llama.create_completion``, one completion after another (it has no batching; it reuses the
-cached prompt prefix between calls). Rates are generated tokens per wall-clock second, end
-of generation included, so early stops count the same on both sides. Sides alternate over
-``--repeats`` rounds; the median and the best round are reported. On a shared machine the
-best round is the better estimate of capacity: with as many threads as cores, llama.cpp
-slows down by one to two orders of magnitude whenever another process takes a core.
+completions per prompt:
 
-The goal for the node backend is a ratio of at least 0.95; it is printed whatever it is.
+- **node**: the node backend; each GRPO group is one batch, and every token's behaviour
+  log-prob is computed as well;
+- **raw batch**: llama.cpp's batch API and its own sampler chain through llama-cpp-python's
+  low-level bindings, one prompt prefill shared by the group, no swarm code
+  (:mod:`bench.raw_llamacpp`); the baseline of the goal;
+- **Llama API**: llama-cpp-python's high-level ``Llama.create_completion``, one completion
+  after another (it has no batching; it reuses the cached prompt prefix between calls);
+  ``--no-llama-api`` leaves it out.
+
+Completion ``j`` of prompt ``k`` in round ``r`` gets the same seed on every side, but the
+samplers differ (numpy on the node, llama.cpp's ``dist`` on the raw sides), so sampled
+completions, and their lengths, differ; at temperature 0 all sides produce the same tokens.
+Rates are generated tokens per wall-clock second, end of generation included, so early stops
+count the same on every side. Sides alternate within each of ``--repeats`` rounds; the median
+and the best round are reported. On a shared machine the best round is the better estimate
+of capacity: with as many threads as cores, llama.cpp slows down by one to two orders of
+magnitude whenever another process takes a core.
+
+The goal for the node backend is a ratio node / raw batch of at least 0.95; it is printed
+whatever it is.
 """
 
 from __future__ import annotations
@@ -34,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default",
                         help="GGUF file, or 'default' for the packaged SmolLM2-135M-Instruct Q4_1")
     parser.add_argument("--backend", default="llamacpp", choices=["llamacpp", "torch", "mlx", "all"],
-                        help="llamacpp: the node backend against raw llama-cpp-python; torch, mlx, all: "
+                        help="llamacpp: the node backend against raw llama.cpp (batch API and Llama API); torch, mlx, all: "
                              "those node backends against the llama.cpp backend (bench/backends.py)")
     parser.add_argument("--n", type=int, default=8, help="completions per prompt (GRPO group size)")
     parser.add_argument("--prompts", type=int, default=2, help=f"prompts per round (at most {len(PROMPTS)})")
@@ -47,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="flash attention, the same on both sides")
     parser.add_argument("--repeats", type=int, default=3, help="alternating rounds; the median is reported")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--llama-api", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure llama-cpp-python's high-level Llama API (serial completions)")
     parser.add_argument("--json", action="store_true", help="also print the result as one JSON line")
 
 
@@ -60,28 +74,46 @@ def _node_round(backend, prompt_ids, args, round_index: int) -> tuple[int, float
     tokens, t0 = 0, time.perf_counter()
     for k, ids in enumerate(prompt_ids):
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
-                                max_tokens=args.max_tokens, seed=args.seed + 1000 * round_index + k)
+                                max_tokens=args.max_tokens, seed=_seed(args, round_index, k))
         tokens += sum(len(c.token_ids) for c in backend.generate_group(ids, args.n, params))
     return tokens, time.perf_counter() - t0
 
 
 def _raw_round(llm, prompt_ids, args, round_index: int) -> tuple[int, float]:
+    """The high-level ``Llama`` API: one completion after another."""
     tokens, t0 = 0, time.perf_counter()
     for k, ids in enumerate(prompt_ids):
         for j in range(args.n):
             out = llm.create_completion(
                 ids, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                top_k=0, min_p=0.0, repeat_penalty=1.0, seed=args.seed + 1000 * round_index + 10 * k + j,
+                top_k=0, min_p=0.0, repeat_penalty=1.0, seed=_seed(args, round_index, k) + j,
             )
             tokens += int(out["usage"]["completion_tokens"])
     return tokens, time.perf_counter() - t0
 
 
-def run(args: argparse.Namespace) -> dict:
-    """Measure both sides; print tokens/s for each and the ratio; return them as a dict."""
-    import llama_cpp
+def _batch_round(raw, prompt_ids, args, round_index: int) -> tuple[int, float]:
+    """llama.cpp's batch API (:class:`bench.raw_llamacpp.RawBatchGenerator`), one group per prompt."""
+    tokens, t0 = 0, time.perf_counter()
+    for k, ids in enumerate(prompt_ids):
+        group = raw.generate_group(ids, args.n, args.temperature, args.top_p, args.max_tokens,
+                                   _seed(args, round_index, k))
+        tokens += sum(len(c) for c in group)
+    return tokens, time.perf_counter() - t0
 
-    from node_agents.backends.llamacpp import LlamaCppBackend
+
+def _seed(args, round_index: int, k: int) -> int:
+    """The seed of prompt ``k``'s group in round ``round_index`` (completion ``j`` adds ``j`` on
+    the raw sides; the node derives completion ``j``'s generator from it)."""
+    return args.seed + 1000 * round_index + 10 * k
+
+
+def _summary(rates: list[float]) -> tuple[float, float]:
+    return statistics.median(rates), max(rates)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Measure every side; print tokens/s for each and the ratios; return them as a dict."""
     from node_agents.models import resolve_gguf
 
     texts = [_chat(p) for p in PROMPTS[: max(1, min(args.prompts, len(PROMPTS)))]]
@@ -95,43 +127,73 @@ def run(args: argparse.Namespace) -> dict:
     model = resolve_gguf(args.model)
     threads = args.threads or os.cpu_count() or 1
     flash = args.flash_attn == "on"
+    rates = measure_llamacpp(model, texts, args, threads, flash)
 
-    backend = LlamaCppBackend(model, n_ctx=args.n_ctx, n_threads=threads, max_group=args.n, flash_attn=flash)
-    llm = llama_cpp.Llama(str(model), n_ctx=args.n_ctx, n_threads=threads, n_threads_batch=threads,
-                          flash_attn=flash, verbose=False)
-    try:
-        prompt_ids = [backend.tokenize(t) for t in texts]
-        assert prompt_ids == [llm.tokenize(t.encode(), add_bos=True, special=True) for t in texts]
-        # warm-up: page the weights in and build the compute graphs on both sides
-        warm = argparse.Namespace(**{**vars(args), "max_tokens": 4})
-        _node_round(backend, prompt_ids[:1], warm, -1)
-        _raw_round(llm, prompt_ids[:1], argparse.Namespace(**{**vars(warm), "n": 1}), -1)
-        node_rates, raw_rates = [], []
-        for r in range(args.repeats):
-            tokens, secs = _node_round(backend, prompt_ids, args, r)
-            node_rates.append(tokens / secs)
-            tokens, secs = _raw_round(llm, prompt_ids, args, r)
-            raw_rates.append(tokens / secs)
-    finally:
-        backend.close()
-        llm.close()
-
-    node, raw = statistics.median(node_rates), statistics.median(raw_rates)
+    node, node_best = _summary(rates["node"])
+    raw, raw_best = _summary(rates["raw_batch"])
     result = {
         "model": model.name, "backend": args.backend, "threads": threads, "n": args.n,
         "prompts": len(texts), "max_tokens": args.max_tokens, "temperature": args.temperature,
         "top_p": args.top_p, "flash_attn": flash, "repeats": args.repeats,
-        "node_tokens_per_s": round(node, 1), "raw_llama_cpp_tokens_per_s": round(raw, 1),
+        "node_tokens_per_s": round(node, 1), "raw_batch_tokens_per_s": round(raw, 1),
         "ratio": round(node / raw, 3),
-        "node_best_tokens_per_s": round(max(node_rates), 1), "raw_best_tokens_per_s": round(max(raw_rates), 1),
-        "ratio_best": round(max(node_rates) / max(raw_rates), 3),
-        "node_rounds": [round(x, 1) for x in node_rates], "raw_rounds": [round(x, 1) for x in raw_rates],
+        "node_best_tokens_per_s": round(node_best, 1), "raw_batch_best_tokens_per_s": round(raw_best, 1),
+        "ratio_best": round(node_best / raw_best, 3),
+        "rounds": {side: [round(x, 1) for x in r] for side, r in rates.items()},
     }
     print(f"model {model.name}, {threads} threads, {len(texts)} prompts x {args.n} completions, "
           f"max {args.max_tokens} tokens, T={args.temperature}, top_p={args.top_p}, flash_attn={args.flash_attn}")
-    print(f"node backend ({args.backend}, batched): {node:8.1f} tok/s   rounds {result['node_rounds']}")
-    print(f"raw llama-cpp-python (Llama API):    {raw:8.1f} tok/s   rounds {result['raw_rounds']}")
-    print(f"ratio node/raw: {node / raw:.3f} median, {result['ratio_best']:.3f} best rounds (goal >= 0.95)")
+    print(f"node backend (llamacpp, batched):     {node:8.1f} tok/s   rounds {result['rounds']['node']}")
+    print(f"raw llama.cpp batch API:              {raw:8.1f} tok/s   rounds {result['rounds']['raw_batch']}")
+    if "llama_api" in rates:
+        api, api_best = _summary(rates["llama_api"])
+        result.update(llama_api_tokens_per_s=round(api, 1), llama_api_best_tokens_per_s=round(api_best, 1),
+                      ratio_llama_api=round(node / api, 3))
+        print(f"llama-cpp-python Llama API (serial):  {api:8.1f} tok/s   rounds {result['rounds']['llama_api']}")
+        print(f"ratio node/Llama API: {node / api:.3f} median")
+    met = "met" if result["ratio"] >= 0.95 else "not met"
+    print(f"ratio node/raw batch: {node / raw:.3f} median, {result['ratio_best']:.3f} best rounds "
+          f"(goal >= 0.95: {met})")
     if args.json:
         print(json.dumps(result))
     return result
+
+
+def measure_llamacpp(model, texts: list[str], args, threads: int, flash: bool) -> dict[str, list[float]]:
+    """Load the sides, warm them up, then ``args.repeats`` rounds with the sides interleaved;
+    tokens/s per side and round."""
+    from bench.raw_llamacpp import RawBatchGenerator
+    from node_agents.backends.llamacpp import LlamaCppBackend
+
+    backend = LlamaCppBackend(model, n_ctx=args.n_ctx, n_threads=threads, max_group=args.n, flash_attn=flash)
+    raw = RawBatchGenerator(model, n_ctx=args.n_ctx, n_threads=threads, max_group=args.n, flash_attn=flash)
+    llm = None
+    if getattr(args, "llama_api", True):
+        import llama_cpp
+
+        llm = llama_cpp.Llama(str(model), n_ctx=args.n_ctx, n_threads=threads, n_threads_batch=threads,
+                              flash_attn=flash, verbose=False)
+    try:
+        prompt_ids = [backend.tokenize(t) for t in texts]
+        if prompt_ids != [raw.tokenize(t) for t in texts]:
+            raise RuntimeError("the node backend and raw llama.cpp tokenise the prompts differently")
+        sides = {"node": (_node_round, backend), "raw_batch": (_batch_round, raw)}
+        if llm is not None:
+            sides["llama_api"] = (_raw_round, llm)
+        # warm-up: page the weights in and build the compute graphs on every side
+        warm = argparse.Namespace(**{**vars(args), "max_tokens": 4, "n": min(args.n, 2)})
+        for fn, obj in sides.values():
+            fn(obj, prompt_ids[:1], warm, -1)
+        rates: dict[str, list[float]] = {name: [] for name in sides}
+        for r in range(args.repeats):
+            order = list(sides) if r % 2 == 0 else list(reversed(sides))  # no side always goes first
+            for name in order:
+                fn, obj = sides[name]
+                tokens, secs = fn(obj, prompt_ids, args, r)
+                rates[name].append(tokens / secs)
+    finally:
+        backend.close()
+        raw.close()
+        if llm is not None:
+            llm.close()
+    return rates
