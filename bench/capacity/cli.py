@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype-bytes", type=int, default=2, help="bytes per weight on pipeline nodes (default bf16/fp16)")
     parser.add_argument("--prompt-tokens", type=int, default=512,
                         help="longest prompt, tokens: with --max-tokens it sets the KV budget of pipeline nodes")
+    from bench.capacity.check import add_arguments as add_check_arguments
+
+    add_check_arguments(parser)
 
 
 def parse_spec(spec: str, profile: dict | None, group_size: int, ctoks: float) -> tuple[WorkerClass, int | None]:
@@ -135,6 +138,10 @@ def _money(x: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.check:
+        from bench.capacity.check import run_check
+
+        return run_check(args)
     if args.validate:
         from bench.capacity.validate import report, validate_run
 

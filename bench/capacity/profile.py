@@ -15,9 +15,15 @@ The profile is JSON (format ``echo-swarm-profile/1``)::
     workload: prompts_per_step, group_size, max_tokens, prompt_tokens   (what was measured)
     nodes:    {backend: {tokens_per_s, group_s, completion_tokens, groups, threads, device}}
     skipped:  {backend: reason}
-    learner:  {train_s, samples, tokens, threads}                     (absent with --no-learner)
-    adapter:  {bytes_fp32, bytes_fp16, tensors, rank}                  (absent with --no-learner)
+    learner:  {train_s, samples, tokens, prompt_tokens, threads, cpus, publish_s}  (absent with --no-learner)
+    adapter:  {bytes_fp32, bytes_fp16, tensors, rank, install_s: {backend: s}}     (absent with --no-learner)
     machine:  {cpu_count, platform}
+
+Pinning (``--node-cpu``, ``--learner-cpu``): every thread of this process is moved to that core
+before the measurement, so a profile taken with the cores a run will use (learner on one core,
+nodes on another) predicts that run. ``publish_s`` is the learner's per-step work after the
+optimizer step (export the adapter and encode it for the wire); ``install_s`` is a node
+installing one new adapter version into its backend (conversion and load), per backend.
 
 ``tokens_per_s`` is generated tokens per wall second of whole groups; ``group_s`` is seconds
 per group (the planner's group latency L); ``train_s`` is one optimizer step on the batch.
@@ -47,6 +53,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="generation time budget per backend")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for generation and training (0: all cores)")
     parser.add_argument("--no-learner", action="store_true", help="skip the learner step and adapter size")
+    parser.add_argument("--node-cpu", type=int, help="pin generation to this CPU core (as the run will)")
+    parser.add_argument("--learner-cpu", type=int, help="pin the learner step to this CPU core (as the run will)")
+
+
+def pin_threads(cpus: set[int] | None, pid: int | str = "self") -> None:
+    """Move every thread of process ``pid`` to ``cpus`` (``sched_setaffinity`` acts per thread,
+    so the threads a process already has are moved one by one; new threads inherit it)."""
+    if not cpus:
+        return
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, PermissionError):
+            pass  # a thread that ended meanwhile
 
 
 def _chat(text: str) -> str:
@@ -58,6 +78,7 @@ def profile_backend(name: str, args: argparse.Namespace) -> dict:
     from node_agents.backends.base import SamplingParams
     from node_agents.backends.registry import create_backend
 
+    pin_threads({args.node_cpu} if args.node_cpu is not None else None)
     backend = create_backend(name, model=args.model, threads=args.threads)
     try:
         tokenize = getattr(backend, "tokenize", None)
@@ -91,6 +112,7 @@ def profile_learner(args: argparse.Namespace, completion_tokens: float, prompt_t
     cfg.model.name = args.model
     cfg.train.prompts_per_step, cfg.train.group_size = args.prompts_per_step, args.group_size
     cfg.train.torch_threads = args.threads
+    pin_threads({args.learner_cpu} if args.learner_cpu is not None else None)
     trainer = build_trainer(resolve_model(args.model), cfg)
     rng = np.random.default_rng(0)
     vocab = int(trainer.model.get_base_model().config.vocab_size)
@@ -101,13 +123,39 @@ def profile_learner(args: argparse.Namespace, completion_tokens: float, prompt_t
         adv = rng.standard_normal(args.group_size)
         for a in adv:
             batch.append(TrainSample(prompt, rng.integers(10, vocab, c_len).tolist(), [-1.0] * c_len, float(a)))
+    from learner.publish import adapter_reply
+
+    trainer.train_step(batch)  # the first step pays one-off costs (allocations, kernels)
     stats = trainer.train_step(batch)
-    adapter = trainer.export_adapter(0)
+    t0 = time.perf_counter()
+    adapter = trainer.export_adapter(1)
+    adapter_reply(adapter)
+    publish_s = time.perf_counter() - t0
     n_bytes = sum(int(t.nbytes) for t in adapter.tensors.values())
     learner = {"train_s": float(stats["step_time_s"]), "samples": len(batch), "tokens": len(batch) * c_len,
-               "threads": args.threads or os.cpu_count() or 1}
+               "prompt_tokens": prompt_tokens, "threads": args.threads or os.cpu_count() or 1,
+               "cpus": sorted(os.sched_getaffinity(0)), "publish_s": publish_s}
     return learner, {"bytes_fp32": n_bytes, "bytes_fp16": n_bytes // 2, "tensors": len(adapter.tensors),
-                     "rank": adapter.rank}
+                     "rank": adapter.rank, "_adapter": adapter}
+
+
+def profile_install(name: str, args: argparse.Namespace, adapter) -> float:
+    """Seconds for a node of backend ``name`` to install one new adapter version (median of 3)."""
+    from dataclasses import replace
+
+    from node_agents.backends.registry import create_backend
+
+    pin_threads({args.node_cpu} if args.node_cpu is not None else None)
+    backend = create_backend(name, model=args.model, threads=args.threads)
+    try:
+        times = []
+        for v in range(3):
+            t0 = time.perf_counter()
+            backend.set_adapter(replace(adapter, version=v + 1))
+            times.append(time.perf_counter() - t0)
+    finally:
+        backend.close()
+    return sorted(times)[1]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -138,7 +186,13 @@ def run(args: argparse.Namespace) -> dict:
         c_tok = next((r["completion_tokens"] for r in prof["nodes"].values()), float(args.max_tokens))
         print(f"profile: one learner step on {args.prompts_per_step * args.group_size} samples ...")
         prof["learner"], prof["adapter"] = profile_learner(args, c_tok, prompt_tokens)
-        print(f"profile:   train_s {prof['learner']['train_s']:.2f} s; adapter {prof['adapter']['bytes_fp32'] / 1e6:.2f} MB fp32")
+        adapter = prof["adapter"].pop("_adapter")
+        print(f"profile:   train_s {prof['learner']['train_s']:.2f} s, publish {prof['learner']['publish_s']:.2f} s; "
+              f"adapter {prof['adapter']['bytes_fp32'] / 1e6:.2f} MB fp32")
+        prof["adapter"]["install_s"] = {}
+        for name in prof["nodes"]:
+            prof["adapter"]["install_s"][name] = s = profile_install(name, args, adapter)
+            print(f"profile:   {name} installs a new adapter in {s:.2f} s")
     Path(args.out).write_text(json.dumps(prof, indent=1) + "\n")
     print(f"profile: wrote {args.out}")
     return prof
