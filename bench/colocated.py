@@ -8,6 +8,9 @@ takes its step. Generation and training alternate on the same cores, as in a sin
 GRPO trainer. Writes ``metrics.jsonl`` (same fields as the learner's) to ``--out`` and
 prints when the rolling 5-step mean first reaches ``--target``. With ``--swarm RUN_DIR`` it
 prints the same figures for a swarm run (e.g. ``swarm-learner demo``) next to it.
+
+``--baseline trl`` runs the swarm demo and then TRL's ``GRPOTrainer`` instead, and compares
+time to accuracy and held-out accuracy at equal wall-clock (``bench/time_to_accuracy.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from types import SimpleNamespace
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from bench.time_to_accuracy import add_trl_arguments
+
+    p.add_argument("--baseline", choices=("torch", "trl"), default="torch",
+                   help="torch: this module's co-located trainer; trl: the swarm demo, then TRL's GRPOTrainer")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=float, default=0.8, help="rolling-mean reward to time")
@@ -27,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swarm", type=Path, default=None, help="a swarm run dir to compare against")
     p.add_argument("--config", type=Path, default=None, help="learner TOML config (default: built-in defaults)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_trl_arguments(p)
 
 
 def describe(name: str, rows: list[dict], target: float) -> str:
@@ -43,7 +51,11 @@ def describe(name: str, rows: list[dict], target: float) -> str:
             f"last5 {sum(rewards[-k:]) / k:.3f}; {when}")
 
 
-def run(args) -> None:
+def run(args) -> int | None:
+    if args.baseline == "trl":
+        from bench.time_to_accuracy import run_vs_trl
+
+        return run_vs_trl(args)
     import torch
 
     from learner.cli import validate
