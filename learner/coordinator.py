@@ -158,6 +158,10 @@ class Coordinator:
         self.refused_by: dict[str, set[str]] = {}
         #: Results thrown away after acceptance (their peer turned out untrusted), per reason.
         self.discarded: Counter[str] = Counter()
+        #: Pipeline failovers per path (``replayed``, ``stage_lost: re-leased``) ...
+        self.failovers: Counter[str] = Counter()
+        #: ... and, per group, the paths it took (the ledger's notes beside its state).
+        self.notes: dict[str, list[str]] = {}
         self._ids = itertools.count()
 
     # -- adding work ---------------------------------------------------------------------
@@ -234,6 +238,39 @@ class Coordinator:
             self.ledger[gid] = PENDING
             self.queue.appendleft(gid)
         return back
+
+    def release_groups(self, peer_id: str, lease_id: str, group_ids: list[str], reason: str) -> list[str]:
+        """The holder of a lease says it cannot finish ``group_ids`` (a pipeline stage died and no
+        spare was left): they go back to pending at once, at the front of the queue, instead of
+        after the lease's expiry. Only the peer's own open groups move. Returns them."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.peer_id != peer_id:
+            return []
+        back = [g for g in group_ids if g in lease.open_groups and self.ledger.get(g) == LEASED]
+        for gid in reversed(back):
+            lease.open_groups.discard(gid)
+            self.ledger[gid] = PENDING
+            self.queue.appendleft(gid)
+        for gid in back:
+            self.notes.setdefault(gid, []).append(f"{reason} ({lease_id})")
+        if back:
+            self.failovers[reason] += len(back)
+        if not lease.open_groups:
+            del self.leases[lease_id]
+        return back
+
+    def record_replayed(self, peer_id: str, lease_id: str, group_ids: list[str]) -> int:
+        """Note that ``group_ids`` of ``peer_id``'s lease survived a lost stage by replay into a
+        spare (they arrive as usual). Returns how many were noted."""
+        lease = self.leases.get(lease_id) or self.expired.get(lease_id)
+        if lease is None or lease.peer_id != peer_id:
+            return 0
+        mine = [g for g in group_ids if g in lease.group_ids]
+        for gid in mine:
+            self.notes.setdefault(gid, []).append(f"replayed ({lease_id})")
+        if mine:
+            self.failovers["replayed"] += len(mine)
+        return len(mine)
 
     def next_deadline(self) -> float | None:
         return min((lease.deadline for lease in self.leases.values()), default=None)

@@ -14,10 +14,12 @@ from typing import Any
 import trio
 
 from learner.coordinator import Coordinator
+from learner.pipelines import PipelineManager, on_stage_report, stage_adapter, stage_work
 from swarm.proto import ADAPTER, HELLO, ROLLOUTS, WORK
 from swarm.proto.adapter import AdapterReply, AdapterRequest
 from swarm.proto.hello import Hello, HelloAck
 from swarm.proto.rollouts import RolloutAck, RolloutPush
+from swarm.proto.stage import STAGE_ADAPTER, STAGE_REPORT, StageAdapterRequest, StageReport
 from swarm.proto.work import Lease, PromptGroup, Sampling, WorkReply, WorkRequest
 
 log = logging.getLogger("echo_swarm.learner")
@@ -87,11 +89,35 @@ class LearnerService:
     #: The run's name (``learner.identity.run_name``): in every hello ack; a node that asked
     #: for another run (``--run``) is refused. Empty = no check.
     run_name: str = ""
+    #: Close the ``min_waiting`` gate again at every new adapter version (each step's work is
+    #: then shared among that many waiting nodes, e.g. a slow pipeline beside a fast node);
+    #: a gate waits at most ``gate_timeout_s`` for them.
+    regate_each_version: bool = False
+    gate_timeout_s: float = 30.0
+    #: Pipelines of stage nodes (``learner.pipelines``); built from ``pipeline_settings``.
+    pipeline_settings: Any = None
+    pipelines: Any = None
 
     def __post_init__(self) -> None:
         self._changed = trio.Event()
         self._waiting: set[str] = set()
         self._gate_open = False
+        self._gate_version = 0
+        self._gate_deadline: float | None = None
+        if self.pipelines is None:
+            self.pipelines = PipelineManager(self.group_size, self.sampling.max_tokens, self.pipeline_settings)
+        self.pipelines.on_plan = self._plan_changed
+
+    def _plan_changed(self) -> None:
+        """A new plan: per-range adapter manifests for the ranges stage nodes serve (when the
+        dissemination service offers them), and wake the long polls (new assignments)."""
+        setter = getattr(self.dissem, "set_layer_ranges", None)
+        if setter is not None:
+            try:
+                setter(self.pipelines.ranges())
+            except Exception as e:  # the direct path keeps working
+                log.warning("could not register pipeline layer ranges with dissemination: %s", e)
+        self.notify()
 
     # -- wiring ----------------------------------------------------------------------------
     def register(self, host) -> None:
@@ -99,6 +125,8 @@ class LearnerService:
         host.set_handler(WORK, WorkRequest, self.on_work)
         host.set_handler(ROLLOUTS, RolloutPush, self.on_rollouts)
         host.set_handler(ADAPTER, AdapterRequest, self.on_adapter)
+        host.set_handler(STAGE_ADAPTER, StageAdapterRequest, self.on_stage_adapter)
+        host.set_handler(STAGE_REPORT, StageReport, self.on_stage_report)
 
     def notify(self) -> None:
         """Wake everything waiting for a change (new work, new results, new version)."""
@@ -139,7 +167,8 @@ class LearnerService:
             "backend": n.hello.backend, "device": n.hello.device, "tokens_per_s": n.hello.tokens_per_s,
             "memory_bytes": n.hello.memory_bytes, "groups": n.groups_pushed, "completions": n.completions_pushed,
             "rejected_groups": n.rejected_groups, "gen_s": round(n.gen_s, 3), "gen_tokens": n.gen_tokens,
-        } for p, n in self.nodes.items()}}
+        } for p, n in self.nodes.items()}, "pipelines": self.pipelines.summary(),
+            "pipeline_plans": self.pipelines.history[-50:], "failovers": dict(self.coordinator.failovers)}
 
     def take_contributions(self) -> dict[str, int]:
         out, self.contributions = self.contributions, {}
@@ -150,7 +179,12 @@ class LearnerService:
         return {peer: info.hello.backend for peer, info in self.nodes.items()}
 
     def _gate_closed(self) -> bool:
-        if self._gate_open or len(self._waiting) >= self.min_waiting:
+        now = trio.current_time()
+        if self.regate_each_version and self.coordinator.version != self._gate_version:
+            self._gate_version, self._gate_open = self.coordinator.version, False
+            self._gate_deadline = now + self.gate_timeout_s
+        late = self._gate_deadline is not None and now >= self._gate_deadline
+        if self._gate_open or late or len(self._waiting) >= self.min_waiting:
             if not self._gate_open:
                 self._gate_open = True
                 self.notify()
@@ -198,6 +232,12 @@ class LearnerService:
             return HelloAck(accepted=False, run_id=self.run_id, model=self.model_name, current_version=0,
                             reason=reason, model_sha256=self.model_sha256)
         now = trio.current_time()
+        try:
+            self.pipelines.join(peer_id, msg, now)
+        except ValueError as e:
+            log.warning("refused node %s: %s", short(peer_id), e)
+            return HelloAck(accepted=False, run_id=self.run_id, model=self.model_name, current_version=0,
+                            reason=str(e))
         known = peer_id in self.nodes
         self.nodes[peer_id] = NodeInfo(peer_id, msg, joined_at=now, last_seen=now)
         if known:
@@ -214,7 +254,11 @@ class LearnerService:
                         model_sha256=self.model_sha256)
 
     async def on_work(self, msg: WorkRequest, peer_id: str) -> WorkReply:
-        self._node(peer_id)
+        node = self._node(peer_id)
+        if self.pipelines.is_stage(peer_id) or msg.layer_start >= 0 or msg.pipeline_id:
+            if not self.pipelines.is_stage(peer_id):  # dropped from the plan (lost or silent), back now
+                self.pipelines.join(peer_id, node.hello, trio.current_time())
+            return await stage_work(self, msg, peer_id)
         self._waiting.add(peer_id)
         if not self._gate_open:
             self.notify()  # waiters re-count
@@ -292,6 +336,17 @@ class LearnerService:
         if reply is None:
             raise Refused(f"adapter version {version} is not available (have {sorted(self.adapters)})")
         return reply
+
+    async def on_stage_adapter(self, msg: StageAdapterRequest, peer_id: str) -> AdapterReply:
+        self._node(peer_id)
+        try:
+            return stage_adapter(self, msg)
+        except ValueError as e:
+            raise Refused(str(e)) from e
+
+    async def on_stage_report(self, msg: StageReport, peer_id: str):
+        self._node(peer_id)
+        return on_stage_report(self, msg, peer_id)
 
     async def expiry_loop(self) -> None:
         """Re-issue the groups of leases whose deadline passed (a node died or froze)."""

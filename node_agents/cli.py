@@ -51,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--token", default="", help="join token from the learner's operator (allowlist runs)")
     j.add_argument("--name", default="", help="name shown in status lines (default: the peer id's tail)")
     j.add_argument("--no-probe", action="store_true", help="skip the throughput probe at join")
+    j.add_argument("--max-memory", default="", metavar="SIZE",
+                   help="memory this node may use for the model, e.g. 300MB or 2GB; a torch/mlx node whose cap is "
+                        "too small for the whole model joins as a pipeline stage and loads only the layers the "
+                        "learner assigns")
+    j.add_argument("--stage", action="store_true",
+                   help="torch/mlx: join as a pipeline stage node even if the whole model fits")
+    j.add_argument("--wire-dtype", default=d.wire_dtype, choices=["float32", "bfloat16", "float16"],
+                   help="stage nodes: dtype of the hidden states sent between stages")
     j.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -72,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         join_token=args.token,
     )
     cfg.bootstrap, cfg.run, cfg.announce = args.bootstrap, args.run, args.announce
+    cfg.stage, cfg.wire_dtype = args.stage, args.wire_dtype
+    try:
+        cfg.max_memory_bytes = parse_size(args.max_memory) if args.max_memory else 0
+    except ValueError as e:
+        print(f"swarm-node: --max-memory: {e}", file=sys.stderr)
+        return 2
     problem = check_join_args(cfg)
     if problem:
         print(f"swarm-node: {problem}", file=sys.stderr)
@@ -111,7 +125,17 @@ def join(cfg, name: str = "") -> int:
                                say=lambda text: print(f"swarm-node: {text}", flush=True)) as net:
             print(f"swarm-node: listening on {host.peer_id} {' '.join(host.addrs)}", flush=True)
             # The base model first (fetched from the swarm if needed), then the backend.
-            backend = await _load_backend(host, cfg, hw.kind, net)
+            prepared = await _prepare(host, cfg, net)
+            stage = await trio.to_thread.run_sync(_stage_join, cfg, prepared.path, hw)
+            if stage is not None:  # a pipeline stage node: no whole model is loaded
+                agent = stage_agent(cfg, prepared.path, stage, name or host.peer_id[-6:])
+                agent.net = net
+                agent.say(f"peer {host.peer_id}: stage node ({stage[1].backend}, cap "
+                          f"{cfg.max_memory_bytes / 1e6:.0f} MB, est. {stage[1].tokens_per_s:.0f} tok/s); "
+                          f"waiting for a layer range")
+                await agent.run(host)
+                return
+            backend = await _load_backend(host, cfg, hw.kind, net, prepared)
             try:
                 agent = NodeAgent(cfg, backend, name or host.peer_id[-6:])
                 agent.net = net
@@ -153,15 +177,13 @@ def _single(group: BaseExceptionGroup) -> BaseException | None:
     return exc
 
 
-async def _load_backend(host, cfg, machine: str, net=None):
-    """Prepare the base model (``node_agents.model_fetch``: the run's, fetched and cached, or
-    the local one checked), then load and probe the backend in a worker thread."""
+async def _prepare(host, cfg, net=None):
+    """The base model (``node_agents.model_fetch``: the run's, fetched and cached, or the local
+    one checked), in the backend's format."""
     import trio
 
     from node_agents.agent import LearnerGone, backoff_delay
-    from node_agents.backends.registry import create_backend
     from node_agents.model_fetch import prepare_model
-    from node_agents.probe import probe_throughput
     from swarm.errors import SwarmError
     from swarm.wire import WireError
 
@@ -182,12 +204,66 @@ async def _load_backend(host, cfg, machine: str, net=None):
     cfg.model_sha256 = prepared.content_sha256
     if not cfg.model:
         cfg.model = str(prepared.source)
+    return prepared
+
+
+async def _load_backend(host, cfg, machine: str, net=None, prepared=None):
+    """Load and probe the backend in a worker thread (the model prepared by :func:`_prepare`)."""
+    import trio
+
+    from node_agents.backends.registry import create_backend
+    from node_agents.probe import probe_throughput
+
+    prepared = prepared or await _prepare(host, cfg, net)
     backend = await trio.to_thread.run_sync(lambda: create_backend(
         cfg.backend, str(prepared.path), cfg.threads, cfg.n_ctx, device=cfg.device or None, dtype=cfg.dtype or None))
     if cfg.probe:
         rate = await trio.to_thread.run_sync(probe_throughput, backend)
         print(f"swarm-node: {machine} machine, backend {cfg.backend}: probe {rate:.1f} tok/s", flush=True)
     return backend
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``300MB``, ``1.5GB``, ``512M``, ``2GiB`` or a plain number of bytes."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*", text.lower())
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a size (e.g. 300MB, 2GB)")
+    power = " kmgt".index(m.group(2) or " ")
+    return int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
+
+
+def _stage_join(cfg, model_dir, hw):
+    """``(geometry, capabilities)`` when this node joins as a pipeline stage, else None."""
+    from node_agents.stage_agent import estimate_tokens_per_s, stage_capabilities, stage_geometry, wants_stage
+
+    if cfg.backend not in ("torch", "mlx") or not (cfg.stage or cfg.max_memory_bytes):
+        return None
+    if cfg.backend == "torch":
+        import torch
+
+        from node_agents.backends.torch_backend import pick_device_dtype
+
+        cuda = torch.cuda.is_available()
+        device, dtype = pick_device_dtype(cuda, bool(cuda and torch.cuda.is_bf16_supported()),
+                                          cfg.device or None, cfg.dtype or None)
+        memory = hw.gpu_memory_bytes if device.startswith("cuda") else hw.ram_bytes
+    else:
+        dtype, memory = cfg.dtype or "float32", hw.memory_bytes
+    width = 4 if dtype == "float32" else 2
+    spec = stage_geometry(model_dir, width)
+    if not wants_stage(cfg.max_memory_bytes, cfg.stage, spec):
+        return None
+    cap = min(cfg.max_memory_bytes or memory, memory or cfg.max_memory_bytes)
+    return spec, stage_capabilities(cfg.backend, spec, cap, estimate_tokens_per_s(spec, width), hw)
+
+
+def stage_agent(cfg, model_dir, stage, name):
+    from node_agents.stage_agent import StageAgent
+
+    spec, caps = stage
+    return StageAgent(cfg, model_dir, spec, caps, name)
 
 
 def check_join_args(cfg) -> str | None:

@@ -68,3 +68,11 @@ class NodeConfig:
     n_ctx: int = 2048
     #: Measure generation speed at join and report it in the hello.
     probe: bool = True
+    #: Memory (bytes) this node may use for the model; 0 = the device's. A torch/MLX node whose
+    #: cap is too small for the whole model joins as a pipeline *stage* node and loads only the
+    #: layer range the learner assigns (``node_agents.stage_agent``).
+    max_memory_bytes: int = 0
+    #: Join as a stage node even when the whole model would fit (torch/MLX only).
+    stage: bool = False
+    #: Dtype of hidden states a stage sends to the next one (``float32``, ``bfloat16``, ``float16``).
+    wire_dtype: str = "float32"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -26,6 +26,7 @@ from node_agents.backends.sampling import chunk_state, record_step
 from swarm.pipeline.client import LinkConfig, StageError, open_stage_link
 from swarm.pipeline.layers import check_route
 from swarm.pipeline.proto import StageForward, StageOpen, StageResult
+from swarm.pipeline.server import StageRefused, check_forward, check_open
 
 
 #: Most replacements of one hop within one generation.
@@ -149,6 +150,61 @@ async def generate_group(links: list[Any], prompt_ids: list[int], n: int, params
     return [SampledCompletion(tokens[j], logprobs[j], finish[j]) for j in range(n)]
 
 
+class LocalLink:
+    """A session on a stage executor in this process (the head's own stage): the same checks
+    as the stage server (range and adapter version at open and at every step), no network."""
+
+    def __init__(self, executor: Any, peer_id: str, session: str) -> None:
+        self.executor, self.peer_id, self.session = executor, peer_id, session
+        self.start, self.end = executor.start, executor.end
+        self.bytes_out = self.bytes_in = 0
+        self._step = 0
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        import trio
+
+        if getattr(self.executor, "inline", False):
+            return fn(*args)
+        return await trio.to_thread.run_sync(fn, *args)
+
+    async def open(self, req: StageOpen) -> None:
+        ex = self.executor
+        why = check_open(req, ex.start, ex.end, ex.adapter_version)
+        if why is not None:
+            raise StageError(why, peer_id=self.peer_id, lost=False)
+        try:
+            await self._run(ex.open_session, self.session, req)
+        except (StageRefused, ValueError) as e:
+            raise StageError(str(e), peer_id=self.peer_id, lost=False) from e
+
+    async def forward(self, msg: StageForward) -> StageResult:
+        ex = self.executor
+        why = check_forward(msg, ex.start, ex.end, ex.adapter_version, ex.start == 0, self._step)
+        if why is not None:
+            raise StageError(why, peer_id=self.peer_id, lost=False)
+        t0 = time.perf_counter()
+        try:
+            result = await self._run(ex.forward, self.session, msg)
+        except (StageRefused, ValueError) as e:
+            raise StageError(str(e), peer_id=self.peer_id, lost=False) from e
+        result.busy_s = time.perf_counter() - t0
+        self._step += 1
+        return result
+
+    def close(self) -> None:
+        self.executor.close_session(self.session)
+
+
+@asynccontextmanager
+async def open_local_link(executor: Any, peer_id: str, req: StageOpen):
+    link = LocalLink(executor, peer_id, f"local/{req.session_id}")
+    await link.open(req)
+    try:
+        yield link
+    finally:
+        link.close()
+
+
 class _RouteLink:
     """A :class:`StageLink` with the route's own idea of its range."""
 
@@ -163,12 +219,15 @@ async def generate_over_route(host: Any, route: list[RouteStage], n_layers: int,
                               params: SamplingParams, version: int, *, eog: set[int] | frozenset[int],
                               n_ctx: int, wire_dtype: str = "float32", config: LinkConfig | None = None,
                               stats: HeadStats | None = None,
-                              spares: list[RouteStage] | None = None) -> list[SampledCompletion]:
+                              spares: list[RouteStage] | None = None,
+                              local: dict[str, Any] | None = None) -> list[SampledCompletion]:
     """Open a session on every stage of ``route`` (over ``host``, a ``SwarmHost``), generate
     one group, close the sessions. A lost stage is replaced by the first unused ``spares``
     entry serving the same range, replayed from the head's copy of its inputs (Petals'
-    method; ``stats.replays`` records it). Raises :class:`StageError` on a refusal, or on a
-    loss with no replacement left."""
+    method; ``stats.replays`` records it). ``local`` maps a peer id to a stage executor of
+    this process (the head's own stage; a host cannot dial itself), reached through a
+    :class:`LocalLink`. Raises :class:`StageError` on a refusal, or on a loss with no
+    replacement left."""
     check_route([(s.start, s.end) for s in route], n_layers)
     stats = stats if stats is not None else HeadStats()
     session = uuid.uuid4().hex
@@ -178,8 +237,12 @@ async def generate_over_route(host: Any, route: list[RouteStage], n_layers: int,
         opens = [StageOpen(session_id=session, start=st.start, end=st.end, adapter_version=version, batch=n,
                            max_len=max_len, wire_dtype=wire_dtype, temperature=params.temperature,
                            top_p=params.top_p, seed=int(params.seed) % (1 << 64)) for st in route]
+        local = local or {}
         for stage, req in zip(route, opens):
-            links.append(await stack.enter_async_context(open_stage_link(host, stage.peer_id, req, config)))
+            if stage.peer_id in local:
+                links.append(await stack.enter_async_context(open_local_link(local[stage.peer_id], stage.peer_id, req)))
+            else:
+                links.append(await stack.enter_async_context(open_stage_link(host, stage.peer_id, req, config)))
         unused = list(spares or [])
 
         async def replace(i: int, err: StageError):

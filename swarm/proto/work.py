@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from swarm.proto.stage import StageAssignment
 from swarm.wire import Message, bounded, bounded_default
 
 
@@ -15,6 +16,12 @@ class WorkRequest(Message):
     have_version: int = bounded(min=-1)
     #: Largest number of prompt groups the node wants in one lease.
     max_groups: int = bounded(min=1, max=1024)
+    #: Stage nodes (``swarm.proto.stage``): the layers ``[layer_start, layer_end)`` loaded now
+    #: (-1, -1: none; whole-model nodes leave these out) ...
+    layer_start: int = bounded_default(-1, min=-1)
+    layer_end: int = bounded_default(-1, min=-1)
+    #: ... and the pipeline those layers were assigned for (``""``: none).
+    pipeline_id: str = ""
 
 
 @dataclass
@@ -78,6 +85,10 @@ class WorkReply(Message):
     #: True when the run is over and the node should leave.
     done: bool = False
     extra: dict[str, str] = field(default_factory=dict)
+    #: Stage nodes only: the node's (new) place in a pipeline, sent when it differs from what
+    #: the node reported holding, or when a newer adapter version should be fetched. Older
+    #: nodes ignore it.
+    stage: StageAssignment | None = None
 
 
 def group_seed(lease_seed: int, group_id: str) -> int:

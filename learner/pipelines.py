@@ -1,0 +1,358 @@
+"""Pipelines of stage nodes inside a running swarm: who serves which layers, and when a head
+may be leased work.
+
+A thin stateful wrapper around the pure allocator (:mod:`swarm.pipeline.allocate`): it keeps
+a snapshot of the nodes, re-plans on join and leave (:func:`~swarm.pipeline.allocate.replan`,
+with its rule against thrashing), names each pipeline, and answers the service's two
+questions about a stage node that polls for work:
+
+- :meth:`PipelineManager.update_for`: does the node need a new :class:`StageAssignment`
+  (another range or pipeline, or a newer adapter version)?
+- :meth:`PipelineManager.may_lease`: is the node the head of a pipeline whose every stage
+  holds its assigned range for this pipeline at the lease's version (:func:`pipeline_ready`,
+  the pure gate)?
+
+Whole-model nodes (llama.cpp, or torch/MLX nodes that hold the model) are planned too, as
+one-stage pipelines, for the report; they keep being served by the ordinary work path.
+Stage nodes the plan leaves over are made *replicas*: they load a copy of one hop's range
+(the one the fewest copies cover that fits them) and are listed as that hop's spares, so a
+head can replay a lost stage's inputs into them.
+
+:func:`stage_work` is the service's long poll for a stage node (kept here, so the service
+stays small); :func:`on_stage_report` handles the head's failover report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import trio
+
+from swarm.pipeline.allocate import (ModelSpec, NodeSpec, Plan, PlanConfig, RunSpec, Stage, end_costs,
+                                     form_pipelines, layer_capacity, replan)
+from swarm.proto.stage import RouteHop, StageAdapterRequest, StageAssignment, StageReport, StageReportAck
+from swarm.proto.work import WorkReply, WorkRequest
+
+log = logging.getLogger("echo_swarm.learner")
+
+#: Hello ``extra`` keys of a stage-capable node.
+STAGE_KEY, STAGE_MODEL_KEY = "stage", "stage_model"
+
+
+@dataclass
+class PipelineSettings:
+    """How the learner plans pipelines of stage nodes."""
+
+    #: Prompt tokens budgeted in each stage's KV cache (on top of ``sampling.max_tokens``).
+    prompt_tokens: int = 256
+    #: Groups a head keeps in flight at once (its lease size; each holds a KV cache per stage).
+    in_flight: int = 1
+    #: A stage node that has not polled for this long (and holds no lease) leaves the plan (s).
+    stale_s: float = 120.0
+    #: Allocator knobs (usable memory fraction, hop cost, anti-thrash rule).
+    plan: PlanConfig = field(default_factory=lambda: PlanConfig(cooldown_s=60.0))
+
+
+@dataclass
+class Member:
+    """A node as the planner sees it, and what it last said it holds."""
+
+    peer_id: str
+    spec: NodeSpec
+    addrs: list[str]
+    #: Stage-capable (polls for assignments); False for whole-model nodes.
+    stage: bool
+    last_seen: float
+    held_pipeline: str = ""
+    held_range: tuple[int, int] = (-1, -1)
+    held_version: int = -1
+
+
+def parse_stage_hello(extra: Mapping[str, str]) -> ModelSpec | None:
+    """The model geometry of a stage-capable hello, or None for a whole-model node. Raises
+    ``ValueError`` on a stage hello whose geometry does not parse."""
+    if extra.get(STAGE_KEY) != "1":
+        return None
+    try:
+        raw = json.loads(extra.get(STAGE_MODEL_KEY, ""))
+        names = {f.name for f in dataclasses.fields(ModelSpec)}
+        if not isinstance(raw, dict) or set(raw) - names:
+            raise ValueError(f"unexpected fields {sorted(set(raw) - names) if isinstance(raw, dict) else raw}")
+        return ModelSpec(**{k: (float(v) if k == "head_compute_layers" else int(v)) for k, v in raw.items()})
+    except (TypeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"bad stage model geometry: {e}") from e
+
+
+def pipeline_ready(stages: Sequence[Stage], pipeline_id: str, held: Mapping[str, tuple[str, int, int, int]],
+                   version: int) -> bool:
+    """The lease gate: True when every stage of the pipeline holds (pipeline id, its layer range,
+    ``version``). ``held`` maps a peer to ``(pipeline_id, start, end, adapter_version)``."""
+    if not stages:
+        return False
+    for s in stages:
+        if held.get(s.node_id) != (pipeline_id, s.start, s.end, version):
+            return False
+    return True
+
+
+def assign_replicas(plan: Plan, caps: Mapping[str, int], e_first: int, e_last: int) -> dict[str, tuple[str, Stage]]:
+    """Spare node -> (pipeline key, the hop it copies): each spare (most capacity first) copies
+    the hop with the fewest copies so far that fits in its capacity (the end costs count on the
+    first and last hops). Pure; hops are keyed by ``(pipeline index, hop index)`` as a string."""
+    copies: dict[str, int] = {}
+    hops: list[tuple[str, Stage, int]] = []
+    for pi, p in enumerate(plan.pipelines):
+        if len(p.stages) < 2:
+            continue
+        n = len(p.stages)
+        for hi, s in enumerate(p.stages):
+            need = s.n_layers + (e_first if hi == 0 else 0) + (e_last if hi == n - 1 else 0)
+            hops.append((f"{pi}:{hi}", s, need))
+            copies[f"{pi}:{hi}"] = 0
+    out: dict[str, tuple[str, Stage]] = {}
+    for peer in sorted(plan.spare, key=lambda p: (-caps.get(p, 0), p)):
+        fits = [(copies[k], k, s) for k, s, need in hops if caps.get(peer, 0) >= need]
+        if not fits:
+            continue
+        _, key, stage = min(fits, key=lambda t: (t[0], t[1]))
+        copies[key] += 1
+        out[peer] = (key, stage)
+    return out
+
+
+class PipelineManager:
+    def __init__(self, group_size: int, max_tokens: int, settings: PipelineSettings | None = None):
+        self.settings = settings or PipelineSettings()
+        self.run = RunSpec(group_size=group_size, max_tokens=max_tokens + self.settings.prompt_tokens,
+                           in_flight=self.settings.in_flight)
+        self.model: ModelSpec | None = None
+        self.members: dict[str, Member] = {}
+        self.plan: Plan | None = None
+        #: Pipeline key (its stages) -> id, stable while the pipeline is unchanged.
+        self._ids: dict[tuple[Stage, ...], str] = {}
+        self._next = 0
+        #: peer -> (pipeline id, hop index) of the replica it serves.
+        self.replicas: dict[str, tuple[str, Stage]] = {}
+        #: Every plan made, for the run's report: (time, summary).
+        self.history: list[dict[str, Any]] = []
+        #: Called after every re-plan (the service: per-range manifests, wake the long polls).
+        self.on_plan: Any = None
+
+    # -- membership --------------------------------------------------------------------------
+    def has_stages(self) -> bool:
+        return any(m.stage for m in self.members.values())
+
+    def is_stage(self, peer_id: str) -> bool:
+        m = self.members.get(peer_id)
+        return m is not None and m.stage
+
+    def join(self, peer_id: str, hello: Any, now: float) -> None:
+        """Add (or refresh) a node from its hello; raises ``ValueError`` for a stage hello whose
+        model geometry is bad or differs from the other stage nodes'."""
+        model = parse_stage_hello(hello.extra)
+        if model is not None:
+            if self.model is not None and model != self.model:
+                raise ValueError(f"stage geometry {model} differs from the run's {self.model}")
+            self.model = model
+        spec = NodeSpec(peer_id, int(hello.memory_bytes), max(float(hello.tokens_per_s), 1e-3),
+                        whole_only=model is None)
+        self.members[peer_id] = Member(peer_id, spec, list(hello.addrs), model is not None, now)
+        self._replan(now, f"join {peer_id[-6:]}")
+
+    def leave(self, peer_id: str, now: float, why: str = "left") -> bool:
+        if self.members.pop(peer_id, None) is None:
+            return False
+        self._replan(now, f"{why} {peer_id[-6:]}")
+        return True
+
+    def sweep(self, now: float, busy: set[str]) -> list[str]:
+        """Stage nodes silent for ``stale_s`` (and holding no lease) leave the plan."""
+        gone = [p for p, m in self.members.items()
+                if m.stage and p not in busy and now - m.last_seen > self.settings.stale_s]
+        for p in gone:
+            self.leave(p, now, "silent")
+        return gone
+
+    def report(self, peer_id: str, req: WorkRequest, now: float) -> None:
+        m = self.members[peer_id]
+        m.last_seen = now
+        m.held_pipeline = req.pipeline_id
+        m.held_range = (req.layer_start, req.layer_end)
+        m.held_version = req.have_version
+
+    # -- planning ----------------------------------------------------------------------------
+    def _replan(self, now: float, why: str) -> None:
+        if self.model is None:
+            return
+        nodes = [m.spec for m in self.members.values()]
+        cfg = self.settings.plan
+        if self.plan is None:
+            self.plan = form_pipelines(nodes, self.model, self.run, cfg, now)
+        else:
+            self.plan = replan(self.plan, nodes, self.model, self.run, cfg, now)
+        for p in self.plan.pipelines:
+            if p.stages not in self._ids:
+                self._ids[p.stages] = f"p{self._next}"
+                self._next += 1
+        caps = {m.peer_id: layer_capacity(m.spec, self.model, self.run, cfg)
+                for m in self.members.values() if m.stage}
+        spare_stage = dataclasses.replace(self.plan, spare=tuple(p for p in self.plan.spare if p in caps))
+        raw = assign_replicas(spare_stage, caps, *end_costs(self.model, self.run))
+        self.replicas = {peer: (self._ids[self.plan.pipelines[int(key.split(":")[0])].stages], st)
+                         for peer, (key, st) in raw.items()}
+        summary = self.summary()
+        self.history.append({"t": round(now, 3), "why": why, **summary})
+        log.info("pipelines re-planned (%s): %s", why, summary["pipelines"])
+        if self.on_plan is not None:
+            self.on_plan()
+
+    def pipeline_of(self, peer_id: str) -> tuple[str, tuple[Stage, ...]] | None:
+        if self.plan is None:
+            return None
+        for p in self.plan.pipelines:
+            if peer_id in p.node_ids:
+                return self._ids[p.stages], p.stages
+        return None
+
+    def _hop(self, peer: str, s: Stage) -> RouteHop:
+        m = self.members.get(peer)
+        return RouteHop(peer, s.start, s.end, list(m.addrs) if m else [])
+
+    def assignment(self, peer_id: str, version: int) -> StageAssignment:
+        """The node's place in the current plan (an empty assignment: no layers)."""
+        n_layers = self.model.n_layers if self.model else 0
+        where = self.pipeline_of(peer_id)
+        if where is None and peer_id in self.replicas:
+            pid, st = self.replicas[peer_id]
+            stages = next((k for k, v in self._ids.items() if v == pid), ())
+            return StageAssignment(pipeline_id=pid, start=st.start, end=st.end, n_layers=n_layers,
+                                   route=[self._hop(s.node_id, s) for s in stages], version=version, in_flight=1)
+        if where is None:
+            return StageAssignment(n_layers=n_layers, version=version)
+        pid, stages = where
+        mine = next(s for s in stages if s.node_id == peer_id)
+        spares = [self._hop(peer, st) for peer, (p, st) in sorted(self.replicas.items())
+                  if p == pid and self._holds(peer, pid, st, version)]
+        return StageAssignment(pipeline_id=pid, start=mine.start, end=mine.end, n_layers=n_layers,
+                               route=[self._hop(s.node_id, s) for s in stages], spares=spares, version=version,
+                               in_flight=self.settings.in_flight, head=stages[0].node_id == peer_id)
+
+    def _holds(self, peer: str, pid: str, st: Stage, version: int) -> bool:
+        m = self.members.get(peer)
+        return m is not None and (m.held_pipeline, *m.held_range, m.held_version) == (pid, st.start, st.end, version)
+
+    def update_for(self, peer_id: str, version: int) -> StageAssignment | None:
+        """The assignment to send ``peer_id``, or None when it holds what it should."""
+        m = self.members.get(peer_id)
+        if m is None or not m.stage:
+            return None
+        a = self.assignment(peer_id, version)
+        want = (a.pipeline_id, a.start, a.end) if a.pipeline_id else ("", -1, -1)
+        if (m.held_pipeline, *m.held_range) != want:
+            return a
+        if a.pipeline_id and m.held_version != version:
+            return a
+        return None
+
+    def held(self) -> dict[str, tuple[str, int, int, int]]:
+        return {p: (m.held_pipeline, *m.held_range, m.held_version) for p, m in self.members.items()}
+
+    def may_lease(self, peer_id: str, version: int) -> bool:
+        """True when ``peer_id`` heads a multi-node or stage pipeline that holds ``version`` throughout."""
+        where = self.pipeline_of(peer_id)
+        if where is None or not self.is_stage(peer_id):
+            return False
+        pid, stages = where
+        return stages[0].node_id == peer_id and pipeline_ready(stages, pid, self.held(), version)
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """Layer ranges served by stage nodes (for per-range adapter manifests)."""
+        out = {(s.start, s.end) for p in (self.plan.pipelines if self.plan else ())
+               for s in p.stages if self.is_stage(s.node_id)}
+        return sorted(out)
+
+    def summary(self) -> dict[str, Any]:
+        if self.plan is None:
+            return {"pipelines": [], "spare": []}
+        return {
+            "pipelines": [{"id": self._ids[p.stages], "tokens_per_s": round(p.tokens_per_s, 2),
+                           "stages": [[s.node_id, s.start, s.end] for s in p.stages]} for p in self.plan.pipelines],
+            "spare": list(self.plan.spare),
+            "replicas": {peer: [pid, st.start, st.end] for peer, (pid, st) in self.replicas.items()},
+            "method": self.plan.method,
+        }
+
+
+# ---------------------------------------------------------------------------- service glue
+
+
+async def stage_work(svc: Any, msg: WorkRequest, peer_id: str) -> WorkReply:
+    """The long poll of a stage node (``svc``: the :class:`learner.service.LearnerService`):
+    an assignment when it should load other layers or another adapter version; a lease when
+    it heads a pipeline whose stages all hold the current version; else wait."""
+    mgr: PipelineManager = svc.pipelines
+    now = trio.current_time()
+    mgr.report(peer_id, msg, now)
+    mgr.sweep(now, busy={le.peer_id for le in svc.coordinator.leases.values()} | {peer_id})
+    svc.notify()  # a head waiting on this stage's version re-checks its gate
+    try:
+        with trio.move_on_after(svc.long_poll_s):
+            while True:
+                if svc.done:
+                    svc.told_done.add(peer_id)
+                    svc.notify()
+                    return WorkReply(done=True, reason="done")
+                version = svc.coordinator.version
+                update = mgr.update_for(peer_id, version)
+                if update is not None:
+                    return WorkReply(retry_after_s=0.0, reason="stage_assignment", stage=update)
+                if mgr.may_lease(peer_id, version):
+                    if peer_id not in svc._waiting:
+                        svc._waiting.add(peer_id)
+                        svc.notify()
+                    if not svc._gate_closed():
+                        n = min(msg.max_groups, mgr.settings.in_flight)
+                        record = svc.coordinator.lease(peer_id, n, trio.current_time())
+                        if record is not None:
+                            svc.notify()
+                            return WorkReply(lease=svc._lease_message(record),
+                                             stage=mgr.assignment(peer_id, record.version))
+                await svc.wait_changed()
+    finally:
+        svc._waiting.discard(peer_id)
+    return WorkReply(retry_after_s=0.0, reason="no_work")
+
+
+def stage_adapter(svc: Any, msg: StageAdapterRequest) -> Any:
+    """The adapter's tensors of layers ``[layer_start, layer_end)`` (direct fetch by a stage)."""
+    from swarm.pipeline.layers import slice_for_range
+
+    if not svc.adapters:
+        raise ValueError("no adapter published yet")
+    if msg.layer_end <= msg.layer_start:
+        raise ValueError(f"empty layer range [{msg.layer_start}, {msg.layer_end})")
+    version = max(svc.adapters) if msg.version < 0 else msg.version
+    reply = svc.adapters.get(version)
+    if reply is None:
+        raise ValueError(f"adapter version {version} is not available (have {sorted(svc.adapters)})")
+    return dataclasses.replace(reply, tensors=slice_for_range(reply.tensors, msg.layer_start, msg.layer_end))
+
+
+def on_stage_report(svc: Any, msg: StageReport, peer_id: str) -> StageReportAck:
+    """A head's failover report: replayed groups are noted in the ledger; failed ones go back
+    to pending at once; lost stage peers leave the plan (re-planned without them)."""
+    coord = svc.coordinator
+    coord.record_replayed(peer_id, msg.lease_id, msg.replayed)
+    requeued = coord.release_groups(peer_id, msg.lease_id, msg.failed, "stage_lost: re-leased")
+    now = trio.current_time()
+    for lost in msg.lost_peers:
+        if lost != peer_id and svc.pipelines.is_stage(lost):
+            svc.pipelines.leave(lost, now, "lost")
+    log.warning("pipeline head %s: %d group(s) replayed, %d re-leased (%s); lost %s", peer_id[-6:],
+                len(msg.replayed), len(requeued), msg.reason[:200], [p[-6:] for p in msg.lost_peers])
+    svc.notify()
+    return StageReportAck(requeued=requeued)
