@@ -57,6 +57,8 @@ class StepContext:
     task: object
     tokenizer: object
     console: Callable[[str], None]
+    #: Times the last published version's dissemination (``learner.step_timing``); None = not timed.
+    dissem_watch: object = None
 
 
 def build_trainer(resolved, cfg: LearnerConfig):
@@ -225,6 +227,7 @@ async def run_learner(
                 row = await step_fn(ctx)
                 if service.verifier is not None:
                     row.update(service.verifier.take_metrics())
+                    row["time_verify_s"] = row.get("verify_s", 0.0)  # inside the wait (learner/step_timing.py)
                 state.wall_s = time.perf_counter() - t_start
                 row["wall_s"] = round(state.wall_s, 2)
                 metrics.write(row)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.metrics import ROLLING_WINDOW, read_metrics
+from learner.step_timing import CRITICAL_PARTS, OVERLAPPING_PARTS
 from learner.web.page import page_html
 from learner.web.state import ledger_from_counts, short, steps_view
 
@@ -79,12 +80,67 @@ def report_snapshot(run_dir: Path) -> dict:
     return {"status": status, "steps": steps, "nodes": nodes, "dissem": dissem, "ledger": ledger}
 
 
+#: What each ``time_*`` field of the breakdown measures (``learner.step_timing``), for the table.
+PART_LABELS = {
+    "wait": "waiting for the batch", "reward": "reward scoring", "check": "behaviour check",
+    "fwd_bwd": "forward/backward", "optim": "optimizer (clip + AdamW)", "train_other": "training call, other",
+    "export": "adapter export", "encode": "adapter encode", "publish": "publish (hand to dissemination)",
+    "other": "other (between the parts)", "gen": "generation (busiest node)", "gen_total": "generation (all nodes)",
+    "verify": "verification (re-scoring)", "dissem": "dissemination to every node",
+    "dissem_encode": "dissemination encode + sign",
+}
+
+
+def step_breakdown(rows: list[dict]) -> list[dict]:
+    """Mean seconds per step of every ``time_*`` part and its share of the mean step time: the
+    critical-path parts (they sum to the step time) then the parts inside the wait. Steps
+    without a field do not count towards its mean; empty when no row has a breakdown."""
+    rows = [r for r in rows if "time_wait_s" in r and r.get("step_time_s")]
+    if not rows:
+        return []
+    step = sum(float(r["step_time_s"]) for r in rows) / len(rows)
+    out = []
+    for kind, parts in (("critical", CRITICAL_PARTS + ("other",)), ("inside wait", OVERLAPPING_PARTS)):
+        for part in parts:
+            vals = [float(r[f"time_{part}_s"]) for r in rows if r.get(f"time_{part}_s") is not None]
+            if not vals:
+                continue
+            mean = sum(vals) / len(vals)
+            out.append({"part": part, "label": PART_LABELS.get(part, part), "kind": kind, "mean_s": round(mean, 3),
+                        "share": round(mean / step, 4) if step > 0 else 0.0, "steps": len(vals)})
+    out.append({"part": "step", "label": "step time", "kind": "total", "mean_s": round(step, 3), "share": 1.0,
+                "steps": len(rows)})
+    return out
+
+
+def breakdown_markdown(table: list[dict]) -> str:
+    """The breakdown as a Markdown table (what ``docs/benchmarks.md`` shows)."""
+    lines = ["| part | where | mean s/step | share of step |", "|---|---|---:|---:|"]
+    for r in table:
+        lines.append(f"| {r['label']} (`time_{r['part']}_s`) | {r['kind']} | {r['mean_s']:.3f} | {100 * r['share']:.1f}% |"
+                     if r["part"] != "step" else
+                     f"| **step time** (`step_time_s`) | | {r['mean_s']:.3f} | 100% |")
+    return "\n".join(lines)
+
+
+def _breakdown_html(table: list[dict]) -> str:
+    if not table:
+        return ""
+    body = "".join(f"<tr><td>{escape(r['label'])}</td><td>{escape(r['kind'])}</td>"
+                   f"<td style='text-align:right'>{r['mean_s']:.3f}</td>"
+                   f"<td style='text-align:right'>{100 * r['share']:.1f}%</td></tr>" for r in table)
+    return ("<h2>Step time breakdown</h2><p>Mean seconds per step. The critical-path parts sum to the step "
+            "time; the parts inside the wait overlap it (nodes generating, pushes re-scored, versions "
+            "disseminated).</p><table><tr><th>part</th><th>where</th><th>mean s</th><th>share of step</th></tr>"
+            f"{body}</table>")
+
+
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write the report; returns its path (default ``RUN_DIR/report.html``)."""
     run_dir = Path(run_dir)
     snap = report_snapshot(run_dir)
     html = page_html(snap, live=False, title=f"echo-swarm run {run_dir.name}")
-    extra = []
+    extra = [_breakdown_html(step_breakdown(read_metrics(run_dir / "metrics.jsonl")))]
     summary = _read_json(run_dir / "summary.json")
     if summary:
         extra.append(f"<h2>Summary</h2><pre>{escape(json.dumps(summary, indent=1))}</pre>")

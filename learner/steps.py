@@ -10,6 +10,8 @@ keeps serving leases and pushes meanwhile) -> publish version ``v + 1``.
   nodes generate continuously (each group under the version current when it was leased); a
   batch is the oldest admissible groups of the replay buffer (staleness <= ``S``). While the
   learner trains, nodes keep generating for the next batches.
+
+Every row carries the step's time breakdown (``time_*`` fields, :mod:`learner.step_timing`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import trio
 from learner.coordinator import COMPLETED, CompletedGroup, GroupSpec
 from learner.episodes import initial_prompt
 from learner.publish import adapter_reply
+from learner.step_timing import DissemWatch, StepClock, gen_seconds
 
 #: Print a "waiting for rollouts" line when a batch has made no progress for this long.
 WAIT_REPORT_S = 30.0
@@ -49,6 +52,16 @@ def top_up(ctx) -> None:
 
 
 async def _wait_until(ctx, ready, describe) -> None:
+    """Wait for ``ready()``; meanwhile the last published version's dissemination is timed."""
+    watch: DissemWatch | None = getattr(ctx, "dissem_watch", None)
+    async with trio.open_nursery() as nursery:
+        if watch is not None:
+            nursery.start_soon(watch.run, ctx.service)
+        await _wait_ready(ctx, ready, describe)
+        nursery.cancel_scope.cancel()
+
+
+async def _wait_ready(ctx, ready, describe) -> None:
     while not ready():
         with trio.move_on_after(WAIT_REPORT_S) as scope:
             await ctx.service.wait_changed()
@@ -59,42 +72,55 @@ async def _wait_until(ctx, ready, describe) -> None:
 
 async def sequential_step(ctx) -> dict[str, Any]:
     t0 = time.perf_counter()
+    gen0 = gen_seconds(ctx.service)
     ids = add_problems(ctx, ctx.cfg.train.prompts_per_step)
     coord = ctx.coord
     await _wait_until(ctx, lambda: all(coord.ledger[g] == COMPLETED for g in ids),
                       lambda: f"{sum(coord.ledger[g] == COMPLETED for g in ids)}/{len(ids)} groups")
     idle = time.perf_counter() - t0
-    return await _train_and_publish(ctx, coord.take(ids), t0, idle)
+    return await _train_and_publish(ctx, coord.take(ids), t0, idle, gen0)
 
 
 async def async_step(ctx) -> dict[str, Any]:
     t0 = time.perf_counter()
+    gen0 = gen_seconds(ctx.service)
     coord, n = ctx.coord, ctx.cfg.train.prompts_per_step
     top_up(ctx)
     await _wait_until(ctx, lambda: coord.ready() >= n, lambda: f"{coord.ready()}/{n} groups ready")
     idle = time.perf_counter() - t0
     groups = coord.take_batch(n)
     top_up(ctx)  # nodes generate the next batches while this one trains
-    return await _train_and_publish(ctx, groups, t0, idle)
+    return await _train_and_publish(ctx, groups, t0, idle, gen0)
 
 
-async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle: float) -> dict[str, Any]:
+async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle: float,
+                             gen0: dict[str, float] | None = None) -> dict[str, Any]:
     from learner.loop import score_groups
 
     state = ctx.state
-    samples, rewards = score_groups(groups, ctx.task, ctx.tokenizer)
+    clock, watch = StepClock(t0, idle), getattr(ctx, "dissem_watch", None)  # watch: the version these rollouts waited for
+    with clock.part("reward"):
+        samples, rewards = score_groups(groups, ctx.task, ctx.tokenizer)
     check: dict[str, float] = {}
     if ctx.cfg.train.behaviour_check:  # learner/behaviour_check.py
         from learner.behaviour_check import behaviour_diffs
 
-        check = await trio.to_thread.run_sync(behaviour_diffs, ctx.trainer, groups, ctx.service.node_backends())
+        with clock.part("check"):
+            check = await trio.to_thread.run_sync(behaviour_diffs, ctx.trainer, groups, ctx.service.node_backends())
     t1 = time.perf_counter()
     stats = await trio.to_thread.run_sync(ctx.trainer.train_step, samples)
     train_s = time.perf_counter() - t1
+    clock.add_train(train_s, stats)
     trained_on = state.version
     state.step += 1
     state.version += 1
-    ctx.service.publish(adapter_reply(ctx.trainer.export_adapter(state.version)))
+    with clock.part("export"):
+        adapter = ctx.trainer.export_adapter(state.version)
+    with clock.part("encode"):
+        reply = adapter_reply(adapter)
+    with clock.part("publish"):
+        ctx.service.publish(reply)
+    ctx.dissem_watch = DissemWatch.start(ctx.service, state.version)
     step_time = time.perf_counter() - t0
     comps = [c for g in groups for c in g.result.completions]
     lags = Counter(trained_on - g.result.version for g in groups for _ in g.result.completions)
@@ -120,4 +146,5 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
         "mean_completion_tokens": sum(len(c.token_ids) for c in comps) / len(comps),
         "stop_frac": sum(c.finish_reason == "stop" for c in comps) / len(comps),
         **check,
+        **clock.fields(step_time, gen_seconds(ctx.service), gen0 or {}, watch),
     }

@@ -220,11 +220,14 @@ class Trainer(RankShardingMixin):
         agg: dict[str, float] = {k: 0.0 for k in ("loss", "clip_frac", "ratio_mean", "is_weight_mean",
                                                   "mismatch_k3", "abs_logp_diff", "grad_norm")}
         ratio_max, ratio_min = 0.0, float("inf")
+        self._timing = {"fwd_bwd": 0.0, "optim": 0.0}  # seconds, filled by _update (the step breakdown)
         parts = self._minibatches(batch)
         prox = None
         if self.loss_cfg.kind == "decoupled" and len(parts) > 1:
             # pi_prox is the policy before this learner step, for every minibatch of it
+            t_prox = time.perf_counter()
             prox = self._prox_logprobs(batch)
+            self._timing["fwd_bwd"] += time.perf_counter() - t_prox
         for part in parts:
             st = self._update(part, prox)
             w = st["tokens"] / total_tokens
@@ -233,7 +236,8 @@ class Trainer(RankShardingMixin):
             if st["tokens"] > 0:
                 ratio_max, ratio_min = max(ratio_max, st["ratio_max"]), min(ratio_min, st["ratio_min"])
         agg.update(ratio_max=ratio_max, ratio_min=ratio_min, tokens=total_tokens, updates=float(len(parts)),
-                   sequences=float(len(batch)), step=float(self.step), step_time_s=time.perf_counter() - t0)
+                   sequences=float(len(batch)), step=float(self.step), step_time_s=time.perf_counter() - t0,
+                   time_fwd_bwd_s=self._timing["fwd_bwd"], time_optim_s=self._timing["optim"])
         return agg
 
     def _update(self, batch: Sequence[Any], prox: dict[int, np.ndarray] | None = None) -> dict[str, float]:
@@ -249,6 +253,7 @@ class Trainer(RankShardingMixin):
         ratio_max, ratio_min = 0.0, float("inf")
         lc = self.loss_cfg
         local = self._local_indices(batch)  # this rank's whole groups (all of them on one rank)
+        t_fwd = time.perf_counter()
         for mb, scale in self._rank_micro_batches(batch, local):
             logp, t = self._logprobs_of(mb)  # [n, T]
             prox_t = None
@@ -267,6 +272,7 @@ class Trainer(RankShardingMixin):
                 agg[k] += w * st[k]
             if st["tokens"] > 0:
                 ratio_max, ratio_min = max(ratio_max, st["ratio_max"]), min(ratio_min, st["ratio_min"])
+        t_opt = time.perf_counter()
         if self.dist is not None:
             from learner.distributed import all_reduce_grads, all_reduce_stats
 
@@ -279,7 +285,12 @@ class Trainer(RankShardingMixin):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        agg.update(grad_norm=float(grad_norm), ratio_max=ratio_max, ratio_min=ratio_min, tokens=total_tokens)
+        grad_norm = float(grad_norm)  # waits for the device: the optimizer time below is complete
+        timing = getattr(self, "_timing", None)
+        if timing is not None:  # forward/backward; then all-reduce (several ranks), clip and AdamW step
+            timing["fwd_bwd"] += t_opt - t_fwd
+            timing["optim"] += time.perf_counter() - t_opt
+        agg.update(grad_norm=grad_norm, ratio_max=ratio_max, ratio_min=ratio_min, tokens=total_tokens)
         return agg
 
     @torch.no_grad()
