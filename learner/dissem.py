@@ -15,6 +15,14 @@ a node no address of which answers is a leaf the learner feeds itself, never a r
 is not offered to other nodes as a holder to fetch from.
 Nodes report each complete version (``DISSEM_HAVE``); those reports give the delivery
 times and tell late nodes (``DISSEM_MANIFEST``) which peers to fetch from.
+
+Pipeline stages: after :meth:`LearnerDissem.set_layer_ranges`, every published version also
+gets one signed manifest per registered layer range, holding only that range's tensors
+(``swarm.pipeline.layers.slice_for_range``), encoded exactly as the whole adapter's (the
+codecs work per tensor, so a slice decodes bit-identically to the same tensors of the whole
+version, delta versions included). Nodes that registered a range form that range's own plan:
+they receive, relay and serve only their range's chunks. A node whose range has no manifest
+is pushed nothing and told why when it asks (``ManifestReply.reason``).
 """
 
 from __future__ import annotations
@@ -32,10 +40,13 @@ from node_agents.backends.base import LoraAdapter
 from swarm.dissem.broadcast import BroadcastSettings, Disseminator, to_subtree
 from swarm.dissem.instructions import build_instructions, sign_instructions
 from swarm.dissem.codec import CodecConfig
-from swarm.dissem.manifest import build_version, decode_version, sign_manifest
+from swarm.dissem.manifest import (
+    LayerRange, build_version, decode_version, describe, normalise_ranges, range_of, sign_manifest,
+)
 from swarm.dissem.store import Assembly, ChunkStore
 from swarm.discovery.reach import Reach, dial_back, remote_ip_of
-from swarm.dissem.tree import Member, Plan, build_plan
+from swarm.dissem.tree import Member, Plan, build_plan, split_by_range
+from swarm.pipeline.layers import slice_for_range
 from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
 from swarm.proto.adapter import AdapterReply, encode_tensors
 from swarm.proto.adapter import decode_tensors as decode_blobs
@@ -69,7 +80,12 @@ class LearnerDissem:
         #: version -> wall time its broadcast started.
         self.started_at: dict[int, float] = {}
         self._recon: tuple[int, dict] | None = None
-        self._plan: tuple[tuple, Plan] | None = None
+        #: Layer range (None: the whole adapter) -> (membership key, its plan).
+        self._plans: dict[LayerRange, tuple[tuple, Plan]] = {}
+        #: Layer ranges that get their own manifest per version (:meth:`set_layer_ranges`).
+        self.ranges: list[tuple[int, int]] = []
+        #: Layer range -> the newest version published with a manifest for it.
+        self._range_published: dict[tuple[int, int], int] = {}
         self._send, self._recv = trio.open_memory_channel(math.inf)
         self._nursery: trio.Nursery | None = None
         #: Receives each submitted version's direct-fetch reply once it is encoded.
@@ -88,6 +104,16 @@ class LearnerDissem:
         self.host.set_handler(DISSEM_MANIFEST, ManifestRequest, self.on_manifest)
         self.host.set_handler(DISSEM_HAVE, HaveVersion, self.on_have)
 
+    def set_layer_ranges(self, ranges: list[tuple[int, int]]) -> None:
+        """From the next published version on, publish besides the whole adapter's manifest one
+        signed manifest per range ``(start, end)`` (half-open decoder layers), pushed to the
+        nodes that registered that range. Replaces the previous set; raises ``ValueError`` for
+        a malformed range."""
+        ranges = normalise_ranges(ranges)
+        if ranges != self.ranges:
+            log.info("dissem: per-range manifests for %s", ", ".join(describe(r) for r in ranges) or "no range")
+        self.ranges = ranges
+
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
@@ -99,10 +125,11 @@ class LearnerDissem:
             raise PermissionError("say hello first")
         addrs = tuple(msg.addrs)
         reach = await self.measure(peer_id, addrs)
-        member = Member(peer_id, msg.upload_bps, addrs, reach.reachable)
+        member = Member(peer_id, msg.upload_bps, addrs, reach.reachable, range_of(msg.layers))
         if self.members.get(peer_id) != member:
-            log.info("dissem: %s registered (%d addrs, %.1f Mbit/s up, %s)", peer_id[-6:], len(msg.addrs),
-                     msg.upload_bps * 8e-6, "reachable" if reach.reachable else "unreachable: a leaf")
+            log.info("dissem: %s registered (%d addrs, %.1f Mbit/s up, %s, %s)", peer_id[-6:], len(msg.addrs),
+                     msg.upload_bps * 8e-6, "reachable" if reach.reachable else "unreachable: a leaf",
+                     describe(member.layer_range))
         self.members[peer_id] = member
         self._notify()
         current = max(self.have, default=-1)
@@ -127,17 +154,20 @@ class LearnerDissem:
         if self.members.pop(peer_id, None) is not None:
             log.warning("dissem: dropped unreachable node %s from the broadcast plan", peer_id[-6:])
 
-    def plan(self, members: list[Member]) -> Plan:
-        """The broadcast plan for ``members``, rebuilt only when they changed."""
+    def plan(self, members: list[Member], layer_range: LayerRange = None) -> Plan:
+        """The broadcast plan for ``members`` (those serving ``layer_range``), rebuilt only
+        when they changed."""
         key = (tuple(sorted((m.peer_id, m.upload_bps, m.reachable) for m in members)), self.cfg.mode,
                self.cfg.fan_out, self.cfg.stripes)
-        if self._plan is None or self._plan[0] != key:
+        held = self._plans.get(layer_range)
+        if held is None or held[0] != key:
             plan = build_plan(members, self.cfg.mode, self.cfg.fan_out, self.cfg.stripes)
-            log.info("dissem: %s plan over %d node(s): %d stripe(s), depth %d, relays %s, unreachable leaves %s",
-                     plan.mode, len(members), plan.stripes, plan.depth(),
-                     sorted(p[-6:] for p in plan.relays()), sorted(m.peer_id[-6:] for m in members if not m.reachable))
-            self._plan = (key, plan)
-        return self._plan[1]
+            log.info("dissem: %s plan of %s over %d node(s): %d stripe(s), depth %d, relays %s, "
+                     "unreachable leaves %s", plan.mode, describe(layer_range), len(members), plan.stripes,
+                     plan.depth(), sorted(p[-6:] for p in plan.relays()),
+                     sorted(m.peer_id[-6:] for m in members if not m.reachable))
+            held = self._plans[layer_range] = (key, plan)
+        return held[1]
 
     # -- publishing -------------------------------------------------------------------------
     def encode(self, adapter: LoraAdapter) -> tuple[Manifest, list[bytes], dict]:
@@ -155,6 +185,26 @@ class LearnerDissem:
         recon = decode_version(manifest, b"".join(chunks), base[1] if base else None)
         return manifest, chunks, recon
 
+    def encode_range(self, adapter: LoraAdapter, rng: tuple[int, int]) -> tuple[Manifest, list[bytes]]:
+        """Encode and sign the manifest of ``rng``'s slice of ``adapter``: a delta to the
+        previous version's slice when the whole adapter is delta-encoded and that version had
+        a manifest for ``rng`` too (CPU work: run it in a thread)."""
+        base = None
+        if self.cfg.delta and self._recon is not None and self._recon[0] < adapter.version \
+                and self._range_published.get(rng) == self._recon[0]:
+            base = (self._recon[0], slice_for_range(self._recon[1], *rng))
+        manifest, chunks = build_version(
+            run_id=self.run_id, version=adapter.version, rank=adapter.rank, alpha=adapter.alpha,
+            target_modules=list(adapter.target_modules), tensors=slice_for_range(adapter.tensors, *rng),
+            codec=self.codec, chunk_bytes=self.cfg.chunk_bytes, signer=self.host.peer_id,
+            base=base[1] if base else None, base_version=base[0] if base else -1, layers=rng,
+        )
+        return sign_manifest(manifest, self.host.private_key()), chunks
+
+    def _encode_all(self, adapter: LoraAdapter, ranges: list[tuple[int, int]]):
+        manifest, chunks, recon = self.encode(adapter)
+        return manifest, chunks, recon, {r: self.encode_range(adapter, r) for r in ranges}
+
     async def publish(self, adapter: LoraAdapter, members: list[str] | None = None) -> AdapterReply:
         """Encode, sign and start broadcasting ``adapter`` to ``members`` (default: all
         registered nodes). Needs :meth:`run` to be running. Returns the direct-fetch reply."""
@@ -162,30 +212,46 @@ class LearnerDissem:
             return _reply(adapter, adapter.tensors)
         if self._nursery is None:
             raise RuntimeError("LearnerDissem.run is not running")
-        manifest, chunks, recon = await trio.to_thread.run_sync(self.encode, adapter)
+        ranges = list(self.ranges)
+        manifest, chunks, recon, parts = await trio.to_thread.run_sync(self._encode_all, adapter, ranges)
         self._recon = (adapter.version, recon)
-        asm = self.store.add(Assembly(manifest, chunks))
+        asms: dict[LayerRange, Assembly] = {None: self.store.add(Assembly(manifest, chunks))}
+        for rng, (m, c) in parts.items():
+            asms[rng] = self.store.add(Assembly(m, c))
+            self._range_published[rng] = adapter.version
         self.have.setdefault(adapter.version, {})
         for v in sorted(self.have)[:-KEEP_REPORTS]:
             del self.have[v]
             self.started_at.pop(v, None)
         chosen = [self.members[p] for p in (members if members is not None else list(self.members))
                   if p in self.members]
-        holders = [PeerRef(m.peer_id, list(m.addrs)) for m in chosen if m.reachable]
-        self.started_at[asm.version] = time.time()
-        plan = self.plan(chosen)
-        self.relays[asm.version] = sorted(plan.relays())
-        self.dis.keep_instructions(self.sign_layout(asm.version, plan, chosen, holders))
-        self._nursery.start_soon(self.dis.broadcast, asm, plan, holders)
-        self._nursery.start_soon(self._watch, asm, plan, chosen, holders)
+        groups = {None: [], **{r: [] for r in ranges}, **split_by_range(chosen)}
+        self.started_at[adapter.version] = time.time()
+        relays: set[str] = set()
+        for rng, group in groups.items():
+            asm = asms.get(rng)
+            if asm is None:
+                log.warning("dissem: v%d has no manifest for %s, which %d node(s) serve (ranges with manifests: "
+                            "%s); they will fall back to the direct fetch", adapter.version, describe(rng),
+                            len(group), [list(r) for r in ranges])
+                continue
+            holders = [PeerRef(m.peer_id, list(m.addrs)) for m in group if m.reachable]
+            plan = self.plan(group, rng)
+            relays |= plan.relays()
+            self.dis.keep_instructions(self.sign_layout(asm.version, plan, group, holders, rng))
+            self._nursery.start_soon(self.dis.broadcast, asm, plan, holders)
+            self._nursery.start_soon(self._watch, asm, plan, group, holders)
+        self.relays[adapter.version] = sorted(relays)
         return _reply(adapter, recon)
 
-    def sign_layout(self, version: int, plan: Plan | None, chosen: list[Member], holders: list[PeerRef]):
-        """The signed relay instructions of ``version`` (``plan`` None: holders only, for announcements)."""
+    def sign_layout(self, version: int, plan: Plan | None, chosen: list[Member], holders: list[PeerRef],
+                    layer_range: LayerRange = None):
+        """The signed relay instructions of ``version``'s manifest for ``layer_range`` (``plan``
+        None: holders only, for announcements)."""
         addrs = {m.peer_id: list(m.addrs) for m in chosen if m.reachable}
         roots = [[to_subtree(r, addrs) for r in stripe] for stripe in plan.roots] if plan is not None else []
         instr = build_instructions(self.run_id, version, plan.stripes if plan is not None else 1, roots, holders,
-                                   self.host.peer_id)
+                                   self.host.peer_id, layer_range)
         return sign_instructions(instr, self.host.private_key())
 
     def watch_delay(self, plan: Plan, chosen: list[Member], total_bytes: int) -> float:
@@ -203,10 +269,10 @@ class LearnerDissem:
         await trio.sleep(self.watch_delay(plan, chosen, asm.manifest.total_bytes))
         done = self.have.get(asm.version, {})
         late = [m for m in chosen if m.peer_id in self.members and m.peer_id not in done]
-        if late and self.store.get(asm.version) is asm:
-            log.warning("dissem: v%d not reported by %d node(s) after the broadcast; announcing it to them",
-                        asm.version, len(late))
-            signed = self.sign_layout(asm.version, None, chosen, holders)
+        if late and self.store.get(*asm.key) is asm:
+            log.warning("dissem: v%d (%s) not reported by %d node(s) after the broadcast; announcing it to them",
+                        asm.version, describe(asm.layer_range), len(late))
+            signed = self.sign_layout(asm.version, None, chosen, holders, asm.layer_range)
             async with trio.open_nursery() as nursery:
                 for m in late:
                     nursery.start_soon(self.dis.announce, asm, PeerRef(m.peer_id, list(m.addrs)), holders, signed)
@@ -232,7 +298,7 @@ class LearnerDissem:
 
     # -- reports ---------------------------------------------------------------------------
     async def on_have(self, msg: HaveVersion, peer_id: str) -> HaveAck:
-        if self.store.get(msg.version) is None and msg.version not in self.have:
+        if self.store.get(msg.version, range_of(msg.layers)) is None and msg.version not in self.have:
             return HaveAck(ok=False)
         self.have.setdefault(msg.version, {})[peer_id] = msg
         log.info("dissem: %s holds v%d (%d pushed, %d repaired; chunks from %s)", peer_id[-6:], msg.version,
@@ -241,15 +307,26 @@ class LearnerDissem:
         return HaveAck(ok=True)
 
     async def on_manifest(self, msg: ManifestRequest, peer_id: str) -> ManifestReply:
-        asm = self.store.get(msg.version)
+        rng = range_of(msg.layers)
+        asm = self.store.get(msg.version, rng)
         if asm is None:
-            return ManifestReply(None, [])
-        ok = {p for p, m in self.members.items() if m.reachable and p != peer_id}
+            reason = self.no_manifest_reason(msg.version, rng)
+            log.info("dissem: no manifest for %s: %s", peer_id[-6:], reason)
+            return ManifestReply(None, [], reason)
+        ok = {p for p, m in self.members.items() if m.reachable and p != peer_id and m.layer_range == rng}
         done = [p for p in self.have.get(msg.version, {}) if p in ok]
         random.shuffle(done)
         others = [p for p in ok if p not in done]
         holders = [PeerRef(p, list(self.members[p].addrs)) for p in (done + others)[:MAX_HOLDERS_REPLY]]
         return ManifestReply(asm.manifest, holders)
+
+    def no_manifest_reason(self, version: int, rng: LayerRange) -> str:
+        if rng is not None and rng not in self.ranges:
+            return (f"the learner publishes no manifest for {describe(rng)} (ranges with manifests: "
+                    f"{[list(r) for r in self.ranges] or 'none'})")
+        if self.store.get(version) is None:
+            return f"v{version} is not held by the learner (held: {sorted({v for v, _ in self.store.versions})})"
+        return f"v{version} was published before {describe(rng)} got manifests"
 
     def summary(self) -> dict:
         """Members with their measured reachability, each version's planned relays and the
@@ -258,7 +335,8 @@ class LearnerDissem:
             "members": {p: {"reachable": self.reach[p][1].reachable if p in self.reach else self.members[p].reachable,
                             "addrs": list(self.reach[p][0] if p in self.reach else self.members[p].addrs),
                             "dial_back": self.reach[p][1].summary() if p in self.reach else None,
-                            "in_plan": p in self.members}  # False: dropped (left, or a push failed)
+                            "in_plan": p in self.members,  # False: dropped (left, or a push failed)
+                            "layers": list(self.members[p].layer_range or ()) if p in self.members else None}
                         for p in sorted(set(self.members) | set(self.reach))},
             "versions": {str(v): {"relays": self.relays.get(v, []),
                                   "have": {p: {"pushed": h.pushed, "repaired": h.repaired, "rejected": h.rejected,

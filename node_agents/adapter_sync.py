@@ -11,6 +11,13 @@ store if it was pushed; a version published before this node joined, or one that
 started to arrive within ``stall_timeout_s``, is fetched from peers that hold it (the
 learner last). ``None`` means the push path could not deliver: the agent then falls back
 to the direct fetch from the learner (``adapter`` protocol).
+
+A pipeline stage calls :meth:`AdapterSync.set_layer_range` with its layers ``[start, end)``:
+it then registers that range, takes only the learner-signed manifest of that range (any other,
+and any unsigned or badly signed one, is refused with a logged reason) and :meth:`adapter`
+returns only those layers' tensors. When the learner publishes no manifest for the range,
+:meth:`adapter` returns ``None`` with the learner's reason in ``last_error``; :meth:`restrict`
+cuts the directly fetched whole adapter down to the range.
 """
 
 from __future__ import annotations
@@ -19,10 +26,13 @@ import logging
 
 import trio
 
+import dataclasses
+
 from node_agents.backends.base import LoraAdapter
 from swarm.dissem.broadcast import Disseminator
 from swarm.dissem.codec import CodecError
-from swarm.dissem.manifest import ManifestError, decode_version
+from swarm.dissem.manifest import LayerRange, ManifestError, decode_version, describe, layers_of, normalise_ranges
+from swarm.pipeline.layers import slice_for_range
 from swarm.dissem.store import Assembly, ChunkStore
 from swarm.errors import SwarmError
 from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
@@ -49,6 +59,36 @@ class AdapterSync:
         self.joined_version = -1
         self.decoded: dict[int, dict] = {}
         self._registered = False
+        #: The decoder layers this node serves as a pipeline stage (None: the whole model).
+        self.layer_range: LayerRange = None
+        #: The range the learner last accepted a registration for (re-registered on change).
+        self._registered_range: LayerRange | str = "unregistered"
+        #: Why the last :meth:`adapter` call returned None (empty after a success).
+        self.last_error = ""
+
+    def set_layer_range(self, start: int, end: int) -> None:
+        """Serve decoder layers ``[start, end)`` only: from now on the node registers this range,
+        accepts only its manifest and :meth:`adapter` returns only its tensors. The learner
+        hears of the change at the next :meth:`join` or :meth:`adapter` call."""
+        (rng,) = normalise_ranges([(start, end)])
+        self._set_range(rng)
+
+    def clear_layer_range(self) -> None:
+        """Serve the whole model again (whole-adapter manifests only)."""
+        self._set_range(None)
+
+    def _set_range(self, rng: LayerRange) -> None:
+        if rng != self.layer_range:
+            log.info("dissem: this node now takes %s", describe(rng))
+        self.layer_range = rng
+        self.store.layer_range = rng
+
+    def restrict(self, adapter: LoraAdapter) -> LoraAdapter:
+        """``adapter`` cut down to this node's layer range (unchanged for a whole-model node):
+        for an adapter fetched directly from the learner."""
+        if self.layer_range is None:
+            return adapter
+        return dataclasses.replace(adapter, tensors=slice_for_range(adapter.tensors, *self.layer_range))
 
     def register(self) -> None:
         if not self._registered:
@@ -59,7 +99,7 @@ class AdapterSync:
         """Register with the learner's dissemination service (after every hello)."""
         self.register()
         if self.store.run_id != run_id:  # a new run: versions of the old one mean nothing
-            self.store = ChunkStore(self.learner_peer, run_id=run_id)
+            self.store = ChunkStore(self.learner_peer, run_id=run_id, layer_range=self.layer_range)
             self.dis.store = self.store
             self.decoded.clear()
         ack = await self._register()
@@ -71,47 +111,61 @@ class AdapterSync:
         self.wait_s = ack.node_wait_s
         self.joined_version = ack.current_version
         self.dis.settings.stall_timeout_s = ack.stall_timeout_s
-        log.info("dissem: joined (mode %s, current v%d)", ack.mode, ack.current_version)
+        log.info("dissem: joined (mode %s, current v%d, %s)", ack.mode, ack.current_version,
+                 describe(self.layer_range))
 
     async def _register(self) -> DissemJoinAck | None:
         addrs = self.host.advertised_addrs(self.learner_peer)  # dialable ones, never 0.0.0.0
+        rng = self.layer_range
         try:
-            return await self.host.request(self.learner_peer, DISSEM_JOIN, DissemJoin(addrs, self.upload_bps),
-                                           DissemJoinAck, timeout=CONTROL_TIMEOUT_S)
+            ack = await self.host.request(self.learner_peer, DISSEM_JOIN,
+                                          DissemJoin(addrs, self.upload_bps, layers_of(rng)),
+                                          DissemJoinAck, timeout=CONTROL_TIMEOUT_S)
         except (SwarmError, WireError) as e:
             log.warning("dissem registration failed: %s", e)
             return None
+        self._registered_range = rng
+        return ack
 
     async def _report(self, asm: Assembly) -> None:
-        msg = HaveVersion(asm.version, asm.completed_at, asm.pushed, asm.repaired, asm.rejected, dict(asm.sources))
-        log.info("dissem: v%d complete (%d pushed, %d repaired, %d rejected chunks)",
-                 asm.version, asm.pushed, asm.repaired, asm.rejected)
+        msg = HaveVersion(asm.version, asm.completed_at, asm.pushed, asm.repaired, asm.rejected, dict(asm.sources),
+                          layers_of(asm.layer_range))
+        log.info("dissem: v%d (%s) complete (%d pushed, %d repaired, %d rejected chunks)",
+                 asm.version, describe(asm.layer_range), asm.pushed, asm.repaired, asm.rejected)
         try:
             await self.host.request(self.learner_peer, DISSEM_HAVE, msg, HaveAck, timeout=CONTROL_TIMEOUT_S)
         except (SwarmError, WireError) as e:
             log.info("dissem: could not report v%d: %s", asm.version, e)
 
     async def _fetch_missing(self, version: int) -> Assembly | None:
-        """Ask the learner for the manifest and fetch the chunks from holders."""
+        """Ask the learner for the manifest (of this node's range) and fetch the chunks from holders."""
         try:
-            reply = await self.host.request(self.learner_peer, DISSEM_MANIFEST, ManifestRequest(version),
+            reply = await self.host.request(self.learner_peer, DISSEM_MANIFEST,
+                                            ManifestRequest(version, layers_of(self.layer_range)),
                                             ManifestReply, timeout=CONTROL_TIMEOUT_S)
             if reply.manifest is None:
+                self.last_error = (f"no manifest of v{version} for {describe(self.layer_range)}: "
+                                   f"{reply.reason or 'the learner does not hold it'}")
+                log.warning("dissem: %s", self.last_error)
                 return None
             asm = self.store.accept(reply.manifest)
         except (SwarmError, WireError, ManifestError) as e:
-            log.warning("dissem: no manifest for v%d: %s", version, e)
+            self.last_error = f"no manifest for v{version}: {e}"
+            log.warning("dissem: %s", self.last_error)
             return None
         if not asm.complete.is_set():
             await self.dis.fetch(asm, reply.holders)
         return asm
 
     async def assembly(self, version: int) -> Assembly | None:
-        """The complete, verified chunks of ``version``, or None."""
-        asm = self.store.get(version)
+        """The complete, verified chunks of ``version`` (this node's range of it), or None."""
+        rng = self.layer_range
+        if self._registered_range != rng and self._registered_range != "unregistered":
+            await self._register()  # the range changed since the learner last heard from us
+        asm = self.store.get(version, rng)
         if asm is None and version > self.joined_version:
             with trio.move_on_after(self.dis.settings.stall_timeout_s):
-                asm = await self.store.wait_version(version)
+                asm = await self.store.wait_version(version, rng)
         with trio.move_on_after(self.wait_s):
             if asm is None:
                 if version > self.joined_version:
@@ -125,20 +179,25 @@ class AdapterSync:
     async def adapter(self, version: int) -> LoraAdapter | None:
         """The decoded adapter ``version`` via the push path, or None (fall back)."""
         if self.mode == "direct":
+            self.last_error = "dissemination is in direct mode"
             return None
+        self.last_error = ""
         asm = await self.assembly(version)
         if asm is None:
-            log.warning("dissem: v%d did not arrive through the swarm", version)
+            self.last_error = self.last_error or f"v{version} ({describe(self.layer_range)}) did not arrive"
+            log.warning("dissem: v%d did not arrive through the swarm (%s)", version, self.last_error)
             return None
         m = asm.manifest
         base = self.decoded.get(m.base_version) if m.base_version >= 0 else None
         if m.base_version >= 0 and base is None:
-            log.warning("dissem: v%d is a delta of v%d, which this node never decoded", version, m.base_version)
+            self.last_error = f"v{version} is a delta of v{m.base_version}, which this node never decoded"
+            log.warning("dissem: %s", self.last_error)
             return None
         try:
             tensors = await trio.to_thread.run_sync(decode_version, m, asm.payload(), base)
         except CodecError as e:
-            log.warning("dissem: v%d does not decode: %s", version, e)
+            self.last_error = f"v{version} does not decode: {e}"
+            log.warning("dissem: %s", self.last_error)
             return None
         self.remember(version, tensors)
         return LoraAdapter(version=version, rank=m.rank, alpha=m.alpha,

@@ -26,6 +26,12 @@ learner (which holds complete versions) and every node.
   ``children``/``holders``, so no peer can redirect the tree. A header without signed
   instructions is still accepted for its (signed) manifest and hashed chunks, but the node then
   relays to nobody and repairs from the learner only.
+- **Layer ranges**: a version may have one manifest per pipeline-stage layer range besides the
+  whole adapter's. Everything here is keyed by ``(version, range)`` (:attr:`Assembly.key`):
+  instructions, repairs and chunk requests name the range, and a node's store takes only its
+  own range's manifests, so a stage receives, relays and serves its layers' chunks only.
+- **Accounting**: ``sent_bytes`` counts, per receiving peer, the frame bytes of push streams
+  and the chunk bytes of repair replies this peer sent it.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from typing import Awaitable, Callable
 import trio
 
 from swarm.dissem.instructions import children_of, verify_instructions
-from swarm.dissem.manifest import ManifestError
+from swarm.dissem.manifest import LayerRange, ManifestError, layers_of, range_of
 from swarm.dissem.store import Assembly, ChunkStore
 from swarm.dissem.tree import Plan, TreeNode
 from swarm.errors import EndOfStream, FrameError, SwarmError, SwarmTimeout
@@ -91,15 +97,23 @@ class Disseminator:
         self.on_unreachable: Callable[[str], None] | None = None
         #: Peer id -> multiaddrs learnt from headers and plans (used to dial holders and children).
         self.addrs: dict[str, list[str]] = {}
-        self._repairing: set[int] = set()
+        #: ``(version, layer range)`` of the assemblies being repaired.
+        self._repairing: set[tuple[int, LayerRange]] = set()
         self._rng = random.Random()
-        #: Version -> the learner's signed relay instructions, forwarded in every header we send.
-        self.instructions: dict[int, Instructions] = {}
+        #: (version, layer range) -> the learner's signed relay instructions, forwarded in every
+        #: header we send.
+        self.instructions: dict[tuple[int, LayerRange], Instructions] = {}
+        #: Peer id -> bytes this peer sent it (push frames and repair-reply chunks).
+        self.sent_bytes: dict[str, int] = {}
 
     def keep_instructions(self, instr: Instructions) -> None:
-        self.instructions[instr.version] = instr
-        for v in sorted(self.instructions)[:-KEEP_INSTRUCTIONS]:
-            del self.instructions[v]
+        self.instructions[(instr.version, range_of(instr.layers))] = instr
+        kept = set(sorted({v for v, _ in self.instructions})[-KEEP_INSTRUCTIONS:])
+        for key in [k for k in self.instructions if k[0] not in kept]:
+            del self.instructions[key]
+
+    def _counted(self, stream, peer: str) -> "_Counting":
+        return _Counting(stream, self.sent_bytes, peer)
 
     def register(self) -> None:
         self.host.set_stream_handler(DISSEM_PUSH, self._on_push)
@@ -145,7 +159,7 @@ class Disseminator:
         ok = False
         try:
             header = PushHeader(asm.manifest, 0, 1, [], holders, instructions)
-            await write_frame(stream, header.to_wire(), timeout=s.stall_timeout_s,
+            await write_frame(self._counted(stream, ref.peer_id), header.to_wire(), timeout=s.stall_timeout_s,
                               max_size=self.host.config.max_frame_bytes)
             ok = True
         except (SwarmError, WireError) as e:
@@ -172,10 +186,11 @@ class Disseminator:
         cap = self.host.config.max_frame_bytes
         need = sum(1 for i in range(len(asm.chunks)) if i % stripes == stripe)
         ok = False
+        out = self._counted(stream, child)
         try:
             header = PushHeader(asm.manifest, stripe, stripes, sub.children, holders,
-                                self.instructions.get(asm.version))
-            await write_frame(stream, header.to_wire(), timeout=s.stall_timeout_s, max_size=cap)
+                                self.instructions.get(asm.key))
+            await write_frame(out, header.to_wire(), timeout=s.stall_timeout_s, max_size=cap)
             pos = sent = 0
             while sent < need:
                 while pos < len(asm.order):
@@ -186,7 +201,7 @@ class Disseminator:
                             await trio.sleep(s.send_delay_s)
                         frame = ChunkFrame(i, asm.chunks[i])  # type: ignore[arg-type]
                         # Chunks are zstd output already: never try to compress them again.
-                        await write_frame(stream, frame.to_wire(), timeout=s.stall_timeout_s,
+                        await write_frame(out, frame.to_wire(), timeout=s.stall_timeout_s,
                                           compress_threshold=cap, max_size=cap)
                         sent += 1
                 if sent < need:
@@ -227,8 +242,8 @@ class Disseminator:
         async with trio.open_nursery() as nursery:
             for child in children:
                 nursery.start_soon(self.feed, asm, stripe, stripes, child, holders)
-            if asm.version not in self._repairing:
-                self._repairing.add(asm.version)
+            if asm.key not in self._repairing:
+                self._repairing.add(asm.key)
                 nursery.start_soon(self._repair_loop, asm, holders)
             await self._receive(stream, parent, asm, stripe, stripes)
 
@@ -241,7 +256,8 @@ class Disseminator:
                 log.warning("v%d: push from %s carries unsigned relay instructions; not following them",
                             header.manifest.version, parent[-8:])
             return [], []
-        verify_instructions(instr, self.store.learner_peer_id, self.store.run_id, header.manifest.version)
+        verify_instructions(instr, self.store.learner_peer_id, self.store.run_id, header.manifest.version,
+                            range_of(header.manifest.layers))
         self.keep_instructions(instr)
         if header.stripes != instr.stripes:  # a header-only announcement: nothing to relay
             return [], list(instr.holders)
@@ -279,10 +295,10 @@ class Disseminator:
         """Get every missing chunk of ``asm`` from ``holders`` (a node that missed the push)."""
         for h in holders:
             self.addrs.setdefault(h.peer_id, list(h.addrs))
-        if asm.version in self._repairing:
+        if asm.key in self._repairing:
             await asm.complete.wait()
             return
-        self._repairing.add(asm.version)
+        self._repairing.add(asm.key)
         asm.fail_all()
         await self._repair_loop(asm, holders)
 
@@ -311,7 +327,7 @@ class Disseminator:
                 asm.reported = True
                 await self.on_complete(asm)
         finally:
-            self._repairing.discard(asm.version)
+            self._repairing.discard(asm.key)
 
     async def _fetch_round(self, asm: Assembly, targets: list[int], holders: list[PeerRef]) -> int:
         me, learner = self.host.peer_id, self.store.learner_peer_id
@@ -327,13 +343,15 @@ class Disseminator:
             try:
                 if ref.peer_id != learner:
                     await self._dial(ref)
-                reply = await self.host.request(ref.peer_id, DISSEM_CHUNKS, ChunkRequest(asm.version, want),
+                reply = await self.host.request(ref.peer_id, DISSEM_CHUNKS,
+                                                ChunkRequest(asm.version, want, layers_of(asm.layer_range)),
                                                 ChunkReply, timeout=self.settings.request_timeout_s)
             except (SwarmError, WireError) as e:
                 log.info("v%d: repair request to %s failed: %s", asm.version, ref.peer_id[-8:], e)
                 continue
             for frame in reply.chunks:
-                if reply.version != asm.version or frame.index not in want \
+                if reply.version != asm.version or range_of(reply.layers) != asm.layer_range \
+                        or frame.index not in want \
                         or not asm.add(frame.index, frame.data, source=ref.peer_id, repaired=True):
                     log.warning("v%d: %s served a bad chunk; not asking it again", asm.version, ref.peer_id[-8:])
                     asm.bad_peers.add(ref.peer_id)
@@ -342,7 +360,7 @@ class Disseminator:
         return got
 
     async def _on_chunks(self, msg: ChunkRequest, peer: str) -> ChunkReply:
-        asm = self.store.get(msg.version)
+        asm = self.store.get(msg.version, range_of(msg.layers))
         out: list[ChunkFrame] = []
         size = 0
         if asm is not None:
@@ -353,7 +371,20 @@ class Disseminator:
                         break
                     out.append(ChunkFrame(i, data))  # type: ignore[arg-type]
                     size += len(data)  # type: ignore[arg-type]
-        return ChunkReply(msg.version, out)
+        if size:
+            self.sent_bytes[peer] = self.sent_bytes.get(peer, 0) + size
+        return ChunkReply(msg.version, out, list(msg.layers))
+
+
+class _Counting:
+    """A write-only view of a stream that adds the bytes written to ``counts[peer]``."""
+
+    def __init__(self, stream, counts: dict[str, int], peer: str) -> None:
+        self.stream, self.counts, self.peer = stream, counts, peer
+
+    async def write(self, data: bytes) -> None:
+        await self.stream.write(data)
+        self.counts[self.peer] = self.counts.get(self.peer, 0) + len(data)
 
 
 async def _close(stream, *, reset: bool) -> None:

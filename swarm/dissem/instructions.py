@@ -8,14 +8,18 @@ tree. A node checks them against the learner peer id it was configured with, the
 version of the (separately signed) manifest, then takes its children from its own place in the
 signed tree and its repair sources from the signed holders. It never follows the ``children`` /
 ``holders`` fields a peer wrote into a header: a peer that holds a genuine manifest can therefore
-not make other nodes dial or upload to addresses of its choosing.
+not make other nodes dial or upload to addresses of its choosing. Instructions name the layer
+range of the manifest they lay out (a range's tree and holders are that range's nodes), and a
+node follows them only for a manifest of the same version and range.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from swarm.dissem.manifest import ManifestError, check_signature, signing_payload
+from swarm.dissem.manifest import (
+    LayerRange, ManifestError, check_signature, describe, layers_of, range_of, signing_payload,
+)
 from swarm.proto.dissem import Instructions, PeerRef, StripeTree, Subtree
 
 #: Prepended to the signed bytes so these signatures cannot be replayed as another message's.
@@ -27,11 +31,12 @@ def canonical_bytes(instr: Instructions) -> bytes:
 
 
 def build_instructions(run_id: str, version: int, stripes: int, roots: list[list[Subtree]],
-                       holders: list[PeerRef], signer: str) -> Instructions:
-    """Unsigned instructions: ``roots[s]`` are the subtrees the learner feeds for stripe ``s``."""
+                       holders: list[PeerRef], signer: str, layers: LayerRange = None) -> Instructions:
+    """Unsigned instructions: ``roots[s]`` are the subtrees the learner feeds for stripe ``s``;
+    ``layers``: the layer range of the manifest they are for (``None``: the whole adapter)."""
     return Instructions(run_id=run_id, version=version, stripes=stripes,
                         trees=[StripeTree(s, list(r)) for s, r in enumerate(roots)],
-                        holders=list(holders), signer=signer)
+                        holders=list(holders), signer=signer, layers=layers_of(layers))
 
 
 def sign_instructions(instr: Instructions, private_key: Any) -> Instructions:
@@ -39,14 +44,19 @@ def sign_instructions(instr: Instructions, private_key: Any) -> Instructions:
     return instr
 
 
-def verify_instructions(instr: Instructions, learner_peer_id: str, run_id: str | None, version: int) -> None:
-    """Raise :class:`ManifestError` unless ``instr`` is the learner's, for this run and version."""
+def verify_instructions(instr: Instructions, learner_peer_id: str, run_id: str | None, version: int,
+                        layers: LayerRange = None) -> None:
+    """Raise :class:`ManifestError` unless ``instr`` is the learner's, for this run, version and
+    layer range (``None``: the whole adapter)."""
     check_signature(instr.signer, instr.signature, canonical_bytes(instr), learner_peer_id,
                     f"relay instructions for v{instr.version}")
     if run_id is not None and instr.run_id != run_id:
         raise ManifestError(f"relay instructions are for run {instr.run_id}, not {run_id}")
     if instr.version != version:
         raise ManifestError(f"relay instructions are for v{instr.version}, the manifest is v{version}")
+    if range_of(instr.layers) != layers:
+        raise ManifestError(f"relay instructions are for {describe(range_of(instr.layers))}, "
+                            f"the manifest covers {describe(layers)}")
 
 
 def find_subtree(instr: Instructions, stripe: int, peer_id: str) -> Subtree | None:

@@ -5,6 +5,11 @@ assembly exists (:meth:`ChunkStore.accept`), and every chunk is checked against 
 manifest's SHA-256 on arrival, so whatever a relay sends, only the learner's bytes are
 kept and forwarded. ``order`` lists the chunk indices in arrival order: relays forward
 from it, so a chunk fetched by repair flows on down the tree like a pushed one.
+
+A store keys its assemblies by ``(version, layer range)``: the learner holds, per version,
+the whole adapter and every registered range's slice. A node's store takes only the
+manifests of its own range (``layer_range``; ``None``: the whole adapter) and refuses the
+others, however genuinely signed.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import time
 
 import trio
 
-from swarm.dissem.manifest import ManifestError, canonical_bytes, chunk_ok, verify_manifest
+from swarm.dissem.manifest import (
+    LayerRange, ManifestError, canonical_bytes, chunk_ok, content_key, describe, range_of, verify_manifest,
+)
 from swarm.proto.dissem import Manifest
 
 log = logging.getLogger(__name__)
@@ -52,6 +59,15 @@ class Assembly:
     @property
     def version(self) -> int:
         return self.manifest.version
+
+    @property
+    def layer_range(self) -> LayerRange:
+        """The layer range this version's manifest covers (``None``: the whole adapter)."""
+        return range_of(self.manifest.layers)
+
+    @property
+    def key(self) -> tuple[int, LayerRange]:
+        return content_key(self.manifest)
 
     def missing(self, stripe: int | None = None, stripes: int = 1) -> list[int]:
         return [i for i, c in enumerate(self.chunks) if c is None and (stripe is None or i % stripes == stripe)]
@@ -118,38 +134,49 @@ class Assembly:
 
 
 class ChunkStore:
-    """Versions held by one peer; keeps the newest ``keep`` of them."""
+    """Versions held by one peer; keeps the newest ``keep`` version numbers (each with
+    whatever layer ranges of it are held)."""
 
-    def __init__(self, learner_peer_id: str, run_id: str | None = None, keep: int = 4) -> None:
+    def __init__(self, learner_peer_id: str, run_id: str | None = None, keep: int = 4,
+                 layer_range: LayerRange = None) -> None:
         self.learner_peer_id = learner_peer_id
         self.run_id = run_id
         self.keep = keep
-        self.versions: dict[int, Assembly] = {}
+        #: The only manifests :meth:`accept` takes: of this layer range (``None``: the whole adapter).
+        self.layer_range = layer_range
+        self.versions: dict[tuple[int, LayerRange], Assembly] = {}
         self._new_version = trio.Event()
 
     def accept(self, manifest: Manifest) -> Assembly:
         """The assembly of a verified ``manifest``: raises :class:`ManifestError` for a
-        forged or altered manifest, or one that contradicts the manifest already held."""
-        held = self.versions.get(manifest.version)
+        forged or altered manifest, one for another layer range than this store's, or one
+        that contradicts the manifest already held."""
+        held = self.versions.get(content_key(manifest))
         if held is not None:
             if canonical_bytes(held.manifest) != canonical_bytes(manifest):
                 raise ManifestError(f"a different manifest for v{manifest.version} is already held")
             return held
         verify_manifest(manifest, self.learner_peer_id, self.run_id)
+        rng = range_of(manifest.layers)
+        if rng != self.layer_range:
+            raise ManifestError(f"manifest v{manifest.version} covers {describe(rng)}; "
+                                f"this node takes {describe(self.layer_range)} only")
         return self.add(Assembly(manifest))
 
     def add(self, assembly: Assembly) -> Assembly:
-        self.versions[assembly.version] = assembly
-        for v in sorted(self.versions)[:-self.keep]:
-            del self.versions[v]
+        self.versions[assembly.key] = assembly
+        kept = set(sorted({v for v, _ in self.versions})[-self.keep:])
+        for key in [k for k in self.versions if k[0] not in kept]:
+            del self.versions[key]
         self._new_version.set()
         self._new_version = trio.Event()
         return assembly
 
-    def get(self, version: int) -> Assembly | None:
-        return self.versions.get(version)
+    def get(self, version: int, layer_range: LayerRange = None) -> Assembly | None:
+        """The assembly of ``version``'s manifest for ``layer_range`` (``None``: the whole adapter)."""
+        return self.versions.get((version, layer_range))
 
-    async def wait_version(self, version: int) -> Assembly:
-        while version not in self.versions:
+    async def wait_version(self, version: int, layer_range: LayerRange = None) -> Assembly:
+        while (version, layer_range) not in self.versions:
             await self._new_version.wait()
-        return self.versions[version]
+        return self.versions[(version, layer_range)]

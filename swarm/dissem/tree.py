@@ -41,6 +41,9 @@ class Member:
     #: Whether other peers can dial this node (measured by a dial-back; False: a leaf fed
     #: by the learner only).
     reachable: bool = True
+    #: The decoder layers ``(start, end)`` the node serves as a pipeline stage (None: the
+    #: whole model). Nodes of one range form their own plan for that range's manifest.
+    layer_range: tuple[int, int] | None = None
 
 
 @dataclass
@@ -139,3 +142,12 @@ def build_plan(members: Iterable[Member], mode: str = "tree", fan_out: int = 2, 
 
 def stripe_of(index: int, stripes: int) -> int:
     return index % stripes
+
+
+def split_by_range(members: Iterable[Member]) -> dict[tuple[int, int] | None, list[Member]]:
+    """Members grouped by the layer range they serve (``None``: whole-model nodes); each group
+    gets its own plan for its own manifest, so a stage relays only its layers' chunks."""
+    out: dict[tuple[int, int] | None, list[Member]] = {}
+    for m in members:
+        out.setdefault(m.layer_range, []).append(m)
+    return out

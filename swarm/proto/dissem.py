@@ -8,12 +8,52 @@ closes the stream. Everything else is one request and one reply.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from swarm.wire import Message, bounded, bounded_default
+from swarm.wire import Message, WireError, bounded, bounded_default
 
 #: Most tensors in one manifest and most chunks of one version.
 MAX_TENSORS = 100_000
 MAX_CHUNKS = 1_000_000
+#: Highest layer number a layer range may name.
+MAX_LAYER = 1 << 16
+
+
+def layers_field() -> Any:
+    """A ``layers`` field: ``[]`` for the whole adapter, or ``[start, end]``, the half-open
+    decoder-layer range ``[start, end)`` of a pipeline stage (checked by :func:`check_layers`)."""
+    return field(default_factory=list, metadata={"max_items": 2})
+
+
+def check_layers(layers: list[int], where: str) -> None:
+    """Raise :class:`WireError` unless ``layers`` is ``[]`` or ``[start, end]`` with
+    ``0 <= start < end <= MAX_LAYER``."""
+    if not layers:
+        return
+    if len(layers) != 2 or not 0 <= layers[0] < layers[1] <= MAX_LAYER:
+        raise WireError(f"{where}.layers must be [] (the whole adapter) or [start, end] with "
+                        f"0 <= start < end <= {MAX_LAYER}, got {layers}")
+
+
+class _LayersChecked:
+    """Checks ``layers`` on construction (so on arrival too: ``from_wire`` builds the message)."""
+
+    layers: list[int]
+
+    def __post_init__(self) -> None:
+        check_layers(self.layers, getattr(self, "KIND", "message"))
+
+
+class _SignedLayers(_LayersChecked):
+    """A signed message leaves ``layers`` out of its wire form while it is empty, so a
+    whole-adapter message is signed over exactly the bytes it was signed over before layer
+    ranges existed."""
+
+    def to_wire(self) -> dict[str, Any]:
+        wire = super().to_wire()  # type: ignore[misc]
+        if not wire.get("layers"):
+            wire.pop("layers", None)
+        return wire
 
 
 @dataclass
@@ -25,9 +65,10 @@ class TensorSpec(Message):
 
 
 @dataclass
-class Manifest(Message):
-    """Everything a node needs to check and decode one adapter version. Signed by the
-    learner's libp2p Ed25519 key over :func:`swarm.dissem.manifest.canonical_bytes`."""
+class Manifest(_SignedLayers, Message):
+    """Everything a node needs to check and decode one adapter version (or one layer range's
+    slice of it). Signed by the learner's libp2p Ed25519 key over
+    :func:`swarm.dissem.manifest.canonical_bytes`."""
 
     KIND = "manifest"
     #: Run the version belongs to (a manifest of another run is never accepted).
@@ -57,6 +98,9 @@ class Manifest(Message):
     signer: str
     #: Ed25519 signature (empty while unsigned).
     signature: bytes = b""
+    #: ``[]``: the whole adapter; ``[start, end]``: only the tensors of decoder layers
+    #: ``[start, end)`` (a pipeline stage's slice). Signed, so no relay can relabel a slice.
+    layers: list[int] = layers_field()
 
 
 @dataclass
@@ -85,7 +129,7 @@ class StripeTree(Message):
 
 
 @dataclass
-class Instructions(Message):
+class Instructions(_SignedLayers, Message):
     """The learner's broadcast layout for one version, signed by it (see
     :mod:`swarm.dissem.instructions`); relayed unchanged in every push header. Nodes take their
     children and repair sources from here, never from the unsigned header fields."""
@@ -100,6 +144,8 @@ class Instructions(Message):
     signer: str = ""
     #: Ed25519 signature (empty while unsigned).
     signature: bytes = b""
+    #: The layer range of the manifest these instructions lay out (``[]``: the whole adapter).
+    layers: list[int] = layers_field()
 
 
 @dataclass
@@ -126,13 +172,16 @@ class ChunkFrame(Message):
 
 
 @dataclass
-class DissemJoin(Message):
-    """A node announces where it can be dialled and its upload bandwidth."""
+class DissemJoin(_LayersChecked, Message):
+    """A node announces where it can be dialled, its upload bandwidth and the layers it serves."""
 
     KIND = "dissem_join"
     addrs: list[str] = bounded(max_items=16)
     #: Upload bandwidth in bytes/s (0 = unknown: placed after the nodes that said).
     upload_bps: float = bounded_default(0.0, min=0.0)
+    #: ``[]``: a whole-model node; ``[start, end]``: a pipeline stage that takes only the
+    #: manifest of layers ``[start, end)``.
+    layers: list[int] = layers_field()
 
 
 @dataclass
@@ -150,25 +199,30 @@ class DissemJoinAck(Message):
 
 
 @dataclass
-class ChunkRequest(Message):
+class ChunkRequest(_LayersChecked, Message):
     KIND = "chunk_request"
     version: int = bounded(min=0)
     indices: list[int] = bounded(max_items=MAX_CHUNKS)
+    #: Which manifest of the version (``[]``: the whole adapter's).
+    layers: list[int] = layers_field()
 
 
 @dataclass
-class ChunkReply(Message):
+class ChunkReply(_LayersChecked, Message):
     """The requested chunks the peer holds (possibly none, possibly fewer than asked)."""
 
     KIND = "chunk_reply"
     version: int
     chunks: list[ChunkFrame] = field(default_factory=list)
+    layers: list[int] = layers_field()
 
 
 @dataclass
-class ManifestRequest(Message):
+class ManifestRequest(_LayersChecked, Message):
     KIND = "manifest_request"
     version: int = bounded(min=0)
+    #: ``[]``: the whole adapter's manifest; ``[start, end]``: that layer range's.
+    layers: list[int] = layers_field()
 
 
 @dataclass
@@ -176,11 +230,14 @@ class ManifestReply(Message):
     KIND = "manifest_reply"
     manifest: Manifest | None = None
     holders: list[PeerRef] = field(default_factory=list)
+    #: Why there is no manifest (empty when there is one).
+    reason: str = ""
 
 
 @dataclass
-class HaveVersion(Message):
-    """A node holds every chunk of ``version`` (verified)."""
+class HaveVersion(_LayersChecked, Message):
+    """A node holds every chunk of ``version`` (verified): of the whole adapter, or of the
+    manifest of its layer range."""
 
     KIND = "have_version"
     version: int = bounded(min=0)
@@ -192,6 +249,8 @@ class HaveVersion(Message):
     rejected: int = bounded_default(0, min=0)
     #: Chunks received from each sender (peer id -> count): the learner, relays, repair holders.
     sources: dict[str, int] = field(default_factory=dict, metadata={"max_items": 4096})
+    #: The layer range of the manifest held (``[]``: the whole adapter).
+    layers: list[int] = layers_field()
 
 
 @dataclass
