@@ -18,6 +18,7 @@ bottleneck), ``swarm-bound`` (torch nodes, generation is the bottleneck) and ``c
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -139,11 +140,21 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _is_node(pid: int, index: int) -> bool:
+    """Is ``pid`` the demo's ``swarm-node`` process number ``index`` (named ``node-<index>...``)?"""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a == b"--name" and i + 1 < len(args) and args[i + 1].startswith(f"node-{index}".encode())
+               for i, a in enumerate(args))
+
+
 class Watcher(threading.Thread):
     """Pins every child process (the nodes) to ``node_cpu``; for churn, kills the first node
     once ``metrics.jsonl`` has ``kill_after`` rows."""
 
-    def __init__(self, node_cpu: int, metrics: Path, kill_after: int | None):
+    def __init__(self, node_cpu: int | None, metrics: Path, kill_after: int | None):
         super().__init__(daemon=True)
         self.node_cpu, self.metrics, self.kill_after = node_cpu, metrics, kill_after
         self.stop = threading.Event()
@@ -159,7 +170,8 @@ class Watcher(threading.Thread):
                 if pid not in self.seen:
                     self.seen.append(pid)
                 try:
-                    pin_threads({self.node_cpu}, pid)
+                    if self.node_cpu is not None:
+                        pin_threads({self.node_cpu}, pid)
                 except OSError:
                     pass  # it ended
             if self.kill_after is not None and self.killed is None and self.seen:
@@ -167,10 +179,11 @@ class Watcher(threading.Thread):
                     rows = sum(1 for x in self.metrics.read_text().splitlines() if x.strip())
                 except OSError:
                     rows = 0
-                if rows >= self.kill_after:
-                    os.kill(self.seen[0], signal.SIGKILL)
-                    self.killed = {"pid": self.seen[0], "after_step": rows, "at_s": time.monotonic() - self.t0}
-                    print(f"capacity check: killed node pid {self.seen[0]} after step {rows}", flush=True)
+                victim = next((pid for pid in self.seen if _is_node(pid, 0)), None)
+                if rows >= self.kill_after and victim is not None:
+                    os.kill(victim, signal.SIGKILL)
+                    self.killed = {"pid": victim, "after_step": rows, "at_s": round(time.monotonic() - self.t0, 1)}
+                    print(f"capacity check: killed node-0 (pid {victim}) after step {rows}", flush=True)
 
 
 def add_arguments(parser) -> None:
@@ -236,11 +249,15 @@ def measure(cfg: CheckConfig, run: RunSpec, max_tokens: int, run_dir: Path) -> t
                  f"sync.max_staleness={run.staleness}", f"sync.lease_timeout_s={cfg.lease_timeout_s}"]
     lcfg = validate(load_config(LearnerConfig, None, overrides))
     load_before = [round(x, 2) for x in os.getloadavg()]
-    watcher = Watcher(cfg.node_cpu, run_dir / "metrics.jsonl", run.steps // 2 if cfg.kill_half_way else None)
+    # the demo pins the nodes itself where it can (node_cpus); otherwise the watcher does
+    own_pinning = "node_cpus" in inspect.signature(run_demo).parameters
+    kw = {"node_cpus": {cfg.node_cpu}} if own_pinning else {}
+    watcher = Watcher(None if own_pinning else cfg.node_cpu, run_dir / "metrics.jsonl",
+                      run.steps // 2 if cfg.kill_half_way else None)
     watcher.start()
     t0 = time.perf_counter()
     try:
-        run_demo(lcfg, cfg.nodes, run_dir, backends=[cfg.backend] * cfg.nodes)
+        run_demo(lcfg, cfg.nodes, run_dir, backends=[cfg.backend] * cfg.nodes, **kw)
     finally:
         watcher.stop.set()
         watcher.join(timeout=5)

@@ -3,7 +3,8 @@
 Three short measurements (each bounded to tens of seconds):
 
 - node generation, per installed node backend: whole GRPO groups of ``--group-size``
-  completions of one prompt (``--max-tokens`` each, temperature 1) for about ``--seconds``,
+  completions of one prompt (the task's train prompts in turn with ``--task``, else one fixed
+  word problem) (``--max-tokens`` each, temperature 1) for about ``--seconds``,
   after a short warm-up; other backends are skipped with the reason;
 - the learner: one GRPO step of the peft trainer (``learner.loop.build_trainer``, the
   default learner config) on a synthetic batch of ``prompts_per_step x group_size`` samples
@@ -53,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="generation time budget per backend")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for generation and training (0: all cores)")
     parser.add_argument("--no-learner", action="store_true", help="skip the learner step and adapter size")
+    parser.add_argument("--backends", default=",".join(CANDIDATE_BACKENDS),
+                        help="comma-separated node backends to measure (default: all the profiler knows)")
+    parser.add_argument("--task", default="arith",
+                        help="take the prompts from this task's train split, as a run would ('' : one fixed prompt)")
     parser.add_argument("--node-cpu", type=int, help="pin generation to this CPU core (as the run will)")
     parser.add_argument("--learner-cpu", type=int, help="pin the learner step to this CPU core (as the run will)")
 
@@ -73,7 +78,23 @@ def _chat(text: str) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def profile_backend(name: str, args: argparse.Namespace) -> dict:
+def task_prompts(args: argparse.Namespace, n: int) -> list[list[int]] | None:
+    """Token ids of the first ``n`` train prompts of ``args.task`` as the learner renders them."""
+    if not args.task:
+        return None
+    from learner.config import LearnerConfig
+    from learner.episodes import initial_prompt, run_task
+    from learner.loop import load_tokenizer
+    from learner.models import resolve_model
+
+    cfg = LearnerConfig()
+    cfg.task.name = args.task
+    task = run_task(cfg.task)
+    tokenizer = load_tokenizer(resolve_model(args.model).hf_dir)
+    return [initial_prompt(task, tokenizer, task.problem("train", i), False) for i in range(n)]
+
+
+def profile_backend(name: str, args: argparse.Namespace, prompts: list[list[int]] | None = None) -> dict:
     """Generate groups for about ``args.seconds``; raises ImportError/ValueError if unavailable."""
     from node_agents.backends.base import SamplingParams
     from node_agents.backends.registry import create_backend
@@ -82,11 +103,13 @@ def profile_backend(name: str, args: argparse.Namespace) -> dict:
     backend = create_backend(name, model=args.model, threads=args.threads)
     try:
         tokenize = getattr(backend, "tokenize", None)
-        prompt = tokenize(_chat(PROMPT)) if tokenize else list(range(10, 74))
+        prompts = prompts or [tokenize(_chat(PROMPT)) if tokenize else list(range(10, 74))]
+        prompt = prompts[0]
         backend.generate_group(prompt, min(2, args.group_size), SamplingParams(1.0, 1.0, 4, seed=0))  # warm-up
         groups = tokens = 0
         t0 = time.perf_counter()
         while groups == 0 or time.perf_counter() - t0 < args.seconds:
+            prompt = prompts[groups % len(prompts)]
             comps = backend.generate_group(prompt, args.group_size, SamplingParams(1.0, 1.0, args.max_tokens, seed=groups))
             tokens += sum(len(c.token_ids) for c in comps)
             groups += 1
@@ -96,7 +119,8 @@ def profile_backend(name: str, args: argparse.Namespace) -> dict:
         backend.close()
     return {"tokens_per_s": tokens / elapsed, "group_s": elapsed / groups,
             "completion_tokens": tokens / (groups * args.group_size), "groups": groups,
-            "threads": args.threads or os.cpu_count() or 1, "device": caps.device, "prompt_tokens": len(prompt)}
+            "threads": args.threads or os.cpu_count() or 1, "device": caps.device,
+            "prompt_tokens": sum(map(len, prompts)) / len(prompts)}
 
 
 def profile_learner(args: argparse.Namespace, completion_tokens: float, prompt_tokens: int) -> tuple[dict, dict]:
@@ -117,6 +141,7 @@ def profile_learner(args: argparse.Namespace, completion_tokens: float, prompt_t
     rng = np.random.default_rng(0)
     vocab = int(trainer.model.get_base_model().config.vocab_size)
     c_len = max(1, int(round(completion_tokens)))
+    prompt_tokens = max(1, int(round(prompt_tokens)))
     batch = []
     for _ in range(args.prompts_per_step):
         prompt = rng.integers(10, vocab, prompt_tokens).tolist()
@@ -164,16 +189,17 @@ def run(args: argparse.Namespace) -> dict:
     prof: dict = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": args.model,
                   "workload": {"prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
                                "max_tokens": args.max_tokens},
-                  "nodes": {}, "skipped": {},
+                  "nodes": {}, "skipped": {}, "task": args.task,
                   "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(terse=True)}}
-    for name in CANDIDATE_BACKENDS:
+    prompts = task_prompts(args, 64)
+    for name in [b.strip() for b in args.backends.split(",") if b.strip()]:
         if name not in BACKENDS:
             prof["skipped"][name] = "not available in this installation's node backends"
             print(f"profile: skipping backend {name}: not available")
             continue
         print(f"profile: generating with {name} for about {args.seconds:.0f} s ...")
         try:
-            prof["nodes"][name] = r = profile_backend(name, args)
+            prof["nodes"][name] = r = profile_backend(name, args, prompts)
         except (ImportError, ValueError, RuntimeError, FileNotFoundError) as e:
             prof["skipped"][name] = f"{type(e).__name__}: {e}"
             print(f"profile: skipping backend {name}: {e}")
