@@ -14,7 +14,7 @@ Three short measurements (each bounded to tens of seconds):
 The profile is JSON (format ``echo-swarm-profile/1``)::
 
     workload: prompts_per_step, group_size, max_tokens, prompt_tokens   (what was measured)
-    nodes:    {backend: {tokens_per_s, group_s, completion_tokens, groups, threads, device}}
+    nodes:    {backend: {tokens_per_s, group_s, completion_tokens, completion_lengths, groups, threads, device}}
     skipped:  {backend: reason}
     learner:  {train_s, samples, tokens, prompt_tokens, threads, cpus, publish_s}  (absent with --no-learner)
     adapter:  {bytes_fp32, bytes_fp16, tensors, rank, install_s: {backend: s}}     (absent with --no-learner)
@@ -107,11 +107,13 @@ def profile_backend(name: str, args: argparse.Namespace, prompts: list[list[int]
         prompt = prompts[0]
         backend.generate_group(prompt, min(2, args.group_size), SamplingParams(1.0, 1.0, 4, seed=0))  # warm-up
         groups = tokens = 0
+        lengths: list[int] = []
         t0 = time.perf_counter()
         while groups == 0 or time.perf_counter() - t0 < args.seconds:
             prompt = prompts[groups % len(prompts)]
             comps = backend.generate_group(prompt, args.group_size, SamplingParams(1.0, 1.0, args.max_tokens, seed=groups))
             tokens += sum(len(c.token_ids) for c in comps)
+            lengths += [len(c.token_ids) for c in comps]
             groups += 1
         elapsed = time.perf_counter() - t0
         caps = backend.capabilities()
@@ -119,12 +121,14 @@ def profile_backend(name: str, args: argparse.Namespace, prompts: list[list[int]
         backend.close()
     return {"tokens_per_s": tokens / elapsed, "group_s": elapsed / groups,
             "completion_tokens": tokens / (groups * args.group_size), "groups": groups,
+            "completion_lengths": lengths[:256],
             "threads": args.threads or os.cpu_count() or 1, "device": caps.device,
             "prompt_tokens": sum(map(len, prompts)) / len(prompts)}
 
 
-def profile_learner(args: argparse.Namespace, completion_tokens: float, prompt_tokens: int) -> tuple[dict, dict]:
-    """One timed GRPO step on a synthetic batch; the exported adapter's size."""
+def profile_learner(args: argparse.Namespace, lengths: list[int], prompts: list[list[int]]) -> tuple[dict, dict]:
+    """One timed GRPO step on a synthetic batch (the profiled prompts, completions of the
+    profiled lengths drawn at random, so padding is as in a run); the exported adapter's size."""
     import numpy as np
 
     from learner.config import LearnerConfig
@@ -140,14 +144,14 @@ def profile_learner(args: argparse.Namespace, completion_tokens: float, prompt_t
     trainer = build_trainer(resolve_model(args.model), cfg)
     rng = np.random.default_rng(0)
     vocab = int(trainer.model.get_base_model().config.vocab_size)
-    c_len = max(1, int(round(completion_tokens)))
-    prompt_tokens = max(1, int(round(prompt_tokens)))
     batch = []
-    for _ in range(args.prompts_per_step):
-        prompt = rng.integers(10, vocab, prompt_tokens).tolist()
+    for i in range(args.prompts_per_step):
+        prompt = list(prompts[i % len(prompts)])
         adv = rng.standard_normal(args.group_size)
         for a in adv:
+            c_len = max(1, int(rng.choice(lengths)))
             batch.append(TrainSample(prompt, rng.integers(10, vocab, c_len).tolist(), [-1.0] * c_len, float(a)))
+    prompt_tokens = sum(len(b.prompt_ids) for b in batch) / len(batch)
     from learner.publish import adapter_reply
 
     trainer.train_step(batch)  # the first step pays one-off costs (allocations, kernels)
@@ -157,7 +161,8 @@ def profile_learner(args: argparse.Namespace, completion_tokens: float, prompt_t
     adapter_reply(adapter)
     publish_s = time.perf_counter() - t0
     n_bytes = sum(int(t.nbytes) for t in adapter.tensors.values())
-    learner = {"train_s": float(stats["step_time_s"]), "samples": len(batch), "tokens": len(batch) * c_len,
+    learner = {"train_s": float(stats["step_time_s"]), "samples": len(batch),
+               "tokens": sum(len(b.completion_ids) for b in batch),
                "prompt_tokens": prompt_tokens, "threads": args.threads or os.cpu_count() or 1,
                "cpus": sorted(os.sched_getaffinity(0)), "publish_s": publish_s}
     return learner, {"bytes_fp32": n_bytes, "bytes_fp16": n_bytes // 2, "tensors": len(adapter.tensors),
@@ -209,9 +214,10 @@ def run(args: argparse.Namespace) -> dict:
     prompt_tokens = next((r["prompt_tokens"] for r in prof["nodes"].values()), 64)
     prof["workload"]["prompt_tokens"] = prompt_tokens
     if not args.no_learner:
-        c_tok = next((r["completion_tokens"] for r in prof["nodes"].values()), float(args.max_tokens))
+        lengths = next((r["completion_lengths"] for r in prof["nodes"].values()), [args.max_tokens])
+        vocab_prompts = prompts or [list(range(10, 10 + int(prompt_tokens)))]
         print(f"profile: one learner step on {args.prompts_per_step * args.group_size} samples ...")
-        prof["learner"], prof["adapter"] = profile_learner(args, c_tok, prompt_tokens)
+        prof["learner"], prof["adapter"] = profile_learner(args, lengths, vocab_prompts)
         adapter = prof["adapter"].pop("_adapter")
         print(f"profile:   train_s {prof['learner']['train_s']:.2f} s, publish {prof['learner']['publish_s']:.2f} s; "
               f"adapter {prof['adapter']['bytes_fp32'] / 1e6:.2f} MB fp32")
