@@ -91,9 +91,26 @@ class HostConfig:
     #: Server side: deadline (s) for the request frame to arrive, and for the reply to be
     #: written. Bounds how long a silent or dripping peer can hold a stream.
     frame_timeout_s: float = 30.0
+    #: Deadline (s) for a connection's upgrade (multistream-select + Noise + Yamux), in and
+    #: out, and for a stream's protocol negotiation. py-libp2p's 10 s fails joins on a busy
+    #: learner that many peers dial at once (see :mod:`swarm.join_path`).
+    negotiate_timeout_s: float = 30.0
+    #: Most connections held at once; idle ones are pruned above 90 % of it (py-libp2p's
+    #: defaults, 300 and 200, would drop nodes of a swarm of a few hundred).
+    max_connections: int = 1000
+    #: Most inbound handshakes (Noise + Yamux upgrades) run at once; the others wait their turn
+    #: (0 = no limit). Keeps a join storm from stretching every handshake past its deadline.
+    max_concurrent_handshakes: int = 32
+    #: Run identify towards every new connection's peer (py-libp2p's default; the DHT needs
+    #: it). Off for hosts that need neither a peer's protocol list nor its identify addresses.
+    identify_on_connect: bool = True
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
+            if name in ("max_concurrent_handshakes", "identify_on_connect"):
+                if not value >= 0:
+                    raise ValueError(f"HostConfig.{name} must not be negative, got {value!r}")
+                continue
             if not value > 0:
                 raise ValueError(f"HostConfig.{name} must be positive, got {value!r}")
 
@@ -391,8 +408,10 @@ def _check_tcp_addr(addr: multiaddr.Multiaddr) -> None:
         raise ValueError(f"listen address must be /ip4|ip6/<host>/tcp/<port>, got {addr}")
 
 
-def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: list[str] = ()) -> Any:
-    """A py-libp2p host offering exactly Noise for security and Yamux for multiplexing."""
+def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: list[str] = (),
+                       config: HostConfig | None = None) -> Any:
+    """A py-libp2p host offering exactly Noise for security and Yamux for multiplexing, with
+    the connection limits and deadlines of ``config`` (:mod:`swarm.join_path`)."""
     from libp2p import new_host
     from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
     from libp2p.custom_types import TProtocol
@@ -402,10 +421,12 @@ def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: lis
     from libp2p.stream_muxer.yamux.yamux import Yamux
 
     from swarm.addrs import addrs_factory
+    from swarm.join_path import connection_config, disable_auto_identify, pace_inbound_handshakes
 
+    config = config or HostConfig()
     # Noise needs its own static X25519 key; the libp2p identity key signs it in the handshake.
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
-    return new_host(
+    host = new_host(
         key_pair=key_pair,
         sec_opt={TProtocol(NOISE_PROTOCOL_ID): noise},
         muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
@@ -414,7 +435,13 @@ def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: lis
         enable_mDNS=False,
         enable_upnp=False,
         addrs_factory=addrs_factory(list(announce)),
+        connection_config=connection_config(config),
+        negotiate_timeout=max(1, round(config.negotiate_timeout_s)),
     )
+    pace_inbound_handshakes(host, config.max_concurrent_handshakes)
+    if not config.identify_on_connect:
+        disable_auto_identify(host)
+    return host
 
 
 @asynccontextmanager
@@ -428,9 +455,10 @@ async def open_host(
     listen = multiaddr.Multiaddr(listen_addr)
     _check_tcp_addr(listen)
     key_pair = load_or_create_identity(data_dir)
-    libp2p_host = _build_libp2p_host(key_pair, listen, announce)
+    config = config or HostConfig()
+    libp2p_host = _build_libp2p_host(key_pair, listen, announce, config)
     async with libp2p_host.run([listen]):
-        host = SwarmHost(libp2p_host, config or HostConfig())
+        host = SwarmHost(libp2p_host, config)
         log.info("host %s listening on %s", host.peer_id, ", ".join(host.addrs))
         try:
             yield host
