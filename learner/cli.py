@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--nodes", type=int, default=2, help="number of swarm-node processes")
     de.add_argument("--backends", default="", metavar="LIST",
                     help="comma-separated node backends, one node each, e.g. llamacpp,torch,mlx (overrides --nodes)")
+    de.add_argument("--pipeline", action="store_true",
+                    help="instead of --nodes/--backends: three torch nodes whose --max-memory caps are too small "
+                         "for the model (the learner forms one 3-stage pipeline of them) and one llama.cpp node")
     de.add_argument("--steps", type=int, default=None, help="learner steps (default from the config)")
     de.add_argument("--seed", type=int, default=0, help="seed of the task, LoRA init and sampling")
     de.add_argument("--run-dir", type=Path, default=None, help="output directory (default runs/demo-<timestamp>)")
@@ -154,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(backends) - {"llamacpp", "torch", "mlx", "auto"})
         if unknown:
             raise ConfigError(f"--backends: unknown backend(s) {', '.join(unknown)} (llamacpp, torch, mlx, auto)")
+        if args.pipeline:
+            if backends:
+                raise ConfigError("--pipeline picks the nodes itself; leave out --backends")
+            from learner.demo import run_pipeline_demo
+
+            return run_pipeline_demo(cfg, args.run_dir or _default_run_dir("demo-pipeline-"))
         return run_demo(cfg, args.nodes, args.run_dir or _default_run_dir("demo-"), backends or None)
     except ConfigError as e:
         print(f"swarm-learner: config error: {e}", file=sys.stderr)

@@ -51,11 +51,14 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
 
 
 def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None,
-             node_cpus: set[int] | None = None) -> int:
+             node_cpus: set[int] | None = None, extra_args: list[list[str]] | None = None,
+             on_learner=None) -> int:
     """``backends``: one node per entry with that backend (overrides ``n_nodes``); the learner
     then holds back the first lease until all of them wait for work, so each one contributes.
     ``node_cpus``: pin every node process to these CPUs (``os.sched_setaffinity`` right after
-    it starts, before it makes threads) and size the nodes' threads to them, not to all cores."""
+    it starts, before it makes threads) and size the nodes' threads to them, not to all cores.
+    ``extra_args``: more ``swarm-node join`` arguments per node; ``on_learner(service)`` is
+    called with the live service."""
     from learner.loop import run_learner
 
     from learner.config import NetworkConfig
@@ -84,6 +87,8 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
         services.append(service)
         if backends:
             service.min_waiting = len(backends)
+        if on_learner is not None:
+            on_learner(service)
     t0 = time.perf_counter()
     print(f"demo: learner + {n_nodes} swarm-node process(es) on 127.0.0.1; run dir {run_dir}", flush=True)
 
@@ -97,6 +102,7 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
                 log = open(run_dir / "nodes" / f"{name}.log", "w")
                 logs.append(log)
                 cmd = node_command(addrs[0], run_dir / "nodes" / name, node_threads, name, node_model, backend)
+                cmd += extra_args[i] if extra_args else []
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
                 if node_cpus:
                     os.sched_setaffinity(procs[-1].pid, node_cpus)
@@ -167,3 +173,64 @@ def summarise(run_dir: Path, total_s: float, node_backends: dict[str, str] | Non
               ", ".join(f"{b}={v:.2e}" for b, v in summary["behav_abs_logp_diff"].items()))
     print(f"demo: outputs in {run_dir}: metrics.jsonl, reward.png, adapter/, checkpoints/, summary.json")
     return 0
+
+
+#: A stage's memory cap as a fraction of the whole model's weights: three such caps hold the
+#: model with its KV cache, two do not, so the allocator forms one 3-stage pipeline.
+PIPELINE_CAP_FRACTION = 0.48
+
+
+def run_pipeline_demo(cfg, run_dir: Path) -> int:
+    """``swarm-learner demo --pipeline``: the learner, three torch nodes capped below the model's
+    size (stage nodes: the learner forms a 3-stage pipeline of them) and one llama.cpp node.
+    Prints each plan as it is made, and at the end the pipelines and their share of rollouts."""
+    from node_agents.models import resolve_for_backend
+    from node_agents.stage_agent import stage_geometry, whole_model_bytes
+
+    name = cfg.model.name
+    model = name if name == "default" or name.endswith(".gguf") or Path(name).is_dir() else "default"
+    cap = int(PIPELINE_CAP_FRACTION * whole_model_bytes(stage_geometry(resolve_for_backend(model, "torch"), 4)))
+    print(f"demo: pipeline mode: 3 torch stage nodes capped at {cap / 1e6:.0f} MB each (the model needs "
+          f"{cap / PIPELINE_CAP_FRACTION / 1e6:.0f} MB in fp32) + 1 llama.cpp node", flush=True)
+    services: list = []
+
+    def on_learner(service) -> None:
+        services.append(service)
+        service.min_waiting = 2  # the pipeline's head and the llama.cpp node share every step
+        service.regate_each_version = True
+        planned = service.pipelines.on_plan
+
+        def show() -> None:
+            planned()
+            print("demo: pipelines: " + describe_pipelines(service.pipelines.summary(), service.node_backends()),
+                  flush=True)
+        service.pipelines.on_plan = show
+
+    stage_args = ["--max-memory", str(cap), "--device", "cpu"]
+    code = run_demo(cfg, 4, run_dir, ["torch", "torch", "torch", "llamacpp"],
+                    extra_args=[stage_args, stage_args, stage_args, []], on_learner=on_learner)
+    if services:
+        svc = services[0]
+        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+        print("demo: pipelines formed: " + describe_pipelines(svc.pipelines.summary(), svc.node_backends()))
+        share = summary.get("rollouts_per_backend", {})
+        total = sum(share.values()) or 1
+        print("demo: share of rollouts: " + ", ".join(f"{b} {n} ({100 * n / total:.0f}%)" for b, n in share.items()))
+        if svc.coordinator.failovers:
+            print(f"demo: pipeline failovers: {dict(svc.coordinator.failovers)}")
+    return code
+
+
+def describe_pipelines(summary: dict, backends: dict[str, str]) -> str:
+    """One line per plan: ``p0 = [0,10) ab12cd > [10,20) ... ; p1 = llamacpp ef34gh (whole)``."""
+    parts = []
+    for p in summary.get("pipelines", []):
+        if len(p["stages"]) == 1:
+            peer = p["stages"][0][0]
+            parts.append(f"{p['id']} = {backends.get(peer, '?')} {peer[-6:]} (whole model)")
+        else:
+            hops = " > ".join(f"[{s},{e}) {peer[-6:]}" for peer, s, e in p["stages"])
+            parts.append(f"{p['id']} = {hops} (~{p['tokens_per_s']:.0f} tok/s)")
+    if summary.get("spare"):
+        parts.append("spare " + ", ".join(p[-6:] for p in summary["spare"]))
+    return "; ".join(parts) or "none yet"

@@ -310,7 +310,7 @@ async def stage_work(svc: Any, msg: WorkRequest, peer_id: str) -> WorkReply:
                 update = mgr.update_for(peer_id, version)
                 if update is not None:
                     return WorkReply(retry_after_s=0.0, reason="stage_assignment", stage=update)
-                if mgr.may_lease(peer_id, version):
+                if svc.episode is None and mgr.may_lease(peer_id, version):  # heads run single-turn groups
                     if peer_id not in svc._waiting:
                         svc._waiting.add(peer_id)
                         svc.notify()

@@ -128,10 +128,10 @@ def join(cfg, name: str = "") -> int:
             prepared = await _prepare(host, cfg, net)
             stage = await trio.to_thread.run_sync(_stage_join, cfg, prepared.path, hw)
             if stage is not None:  # a pipeline stage node: no whole model is loaded
-                agent = stage_agent(cfg, prepared.path, stage, name or host.peer_id[-6:])
+                agent = stage_agent(cfg, stage, name or host.peer_id[-6:])
                 agent.net = net
-                agent.say(f"peer {host.peer_id}: stage node ({stage[1].backend}, cap "
-                          f"{cfg.max_memory_bytes / 1e6:.0f} MB, est. {stage[1].tokens_per_s:.0f} tok/s); "
+                agent.say(f"peer {host.peer_id}: stage node ({stage[2].backend}, cap "
+                          f"{stage[2].memory_bytes / 1e6:.0f} MB, est. {stage[2].tokens_per_s:.0f} tok/s); "
                           f"waiting for a layer range")
                 await agent.run(host)
                 return
@@ -234,8 +234,10 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
 
 
-def _stage_join(cfg, model_dir, hw):
-    """``(geometry, capabilities)`` when this node joins as a pipeline stage, else None."""
+def _stage_join(cfg, model, hw):
+    """``(model directory, geometry, capabilities)`` when this node joins as a pipeline stage,
+    else None. ``model``: the prepared model, converted here to the backend's format (cached)."""
+    from node_agents.models import resolve_for_backend
     from node_agents.stage_agent import estimate_tokens_per_s, stage_capabilities, stage_geometry, wants_stage
 
     if cfg.backend not in ("torch", "mlx") or not (cfg.stage or cfg.max_memory_bytes):
@@ -252,17 +254,19 @@ def _stage_join(cfg, model_dir, hw):
     else:
         dtype, memory = cfg.dtype or "float32", hw.memory_bytes
     width = 4 if dtype == "float32" else 2
+    model_dir = (resolve_for_backend(str(model), "torch") if cfg.backend == "torch" else
+                 resolve_for_backend(str(model), "mlx", mlx_dtype=dtype))
     spec = stage_geometry(model_dir, width)
     if not wants_stage(cfg.max_memory_bytes, cfg.stage, spec):
         return None
     cap = min(cfg.max_memory_bytes or memory, memory or cfg.max_memory_bytes)
-    return spec, stage_capabilities(cfg.backend, spec, cap, estimate_tokens_per_s(spec, width), hw)
+    return model_dir, spec, stage_capabilities(cfg.backend, spec, cap, estimate_tokens_per_s(spec, width), hw)
 
 
-def stage_agent(cfg, model_dir, stage, name):
+def stage_agent(cfg, stage, name):
     from node_agents.stage_agent import StageAgent
 
-    spec, caps = stage
+    model_dir, spec, caps = stage
     return StageAgent(cfg, model_dir, spec, caps, name)
 
 

@@ -71,12 +71,12 @@ def estimate_tokens_per_s(spec: ModelSpec, dtype_bytes: int, seconds: float = 0.
     benchmark (2 flops per weight per token); a stage node never loads the whole model."""
     import numpy as np
 
-    a = np.ones((256, 256), dtype=np.float32)
+    a = np.ones((512, 512), dtype=np.float32)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         a @ a
         n += 1
-    flops = n * 2 * 256**3 / (time.perf_counter() - t0)
+    flops = n * 2 * 512**3 / (time.perf_counter() - t0)
     weights = whole_model_bytes(spec) / dtype_bytes
     return float(flops / (2 * weights))
 
