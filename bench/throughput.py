@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> dict:
     model = resolve_gguf(args.model)
     threads = args.threads or os.cpu_count() or 1
     flash = args.flash_attn == "on"
-    rates = measure_llamacpp(model, texts, args, threads, flash)
+    rates, cpu_rates = measure_llamacpp(model, texts, args, threads, flash)
 
     node, node_best = _summary(rates["node"])
     raw, raw_best = _summary(rates["raw_batch"])
@@ -140,6 +140,8 @@ def run(args: argparse.Namespace) -> dict:
         "node_best_tokens_per_s": round(node_best, 1), "raw_batch_best_tokens_per_s": round(raw_best, 1),
         "ratio_best": round(node_best / raw_best, 3),
         "rounds": {side: [round(x, 1) for x in r] for side, r in rates.items()},
+        "cpu_rounds": {side: [round(x, 1) for x in r] for side, r in cpu_rates.items()},
+        "ratio_cpu": round(statistics.median(cpu_rates["node"]) / statistics.median(cpu_rates["raw_batch"]), 3),
     }
     print(f"model {model.name}, {threads} threads, {len(texts)} prompts x {args.n} completions, "
           f"max {args.max_tokens} tokens, T={args.temperature}, top_p={args.top_p}, flash_attn={args.flash_attn}")
@@ -151,6 +153,8 @@ def run(args: argparse.Namespace) -> dict:
                       ratio_llama_api=round(node / api, 3))
         print(f"llama-cpp-python Llama API (serial):  {api:8.1f} tok/s   rounds {result['rounds']['llama_api']}")
         print(f"ratio node/Llama API: {node / api:.3f} median")
+    print(f"tokens per CPU second (median): node {statistics.median(cpu_rates['node']):.1f}, raw batch "
+          f"{statistics.median(cpu_rates['raw_batch']):.1f}, ratio {result['ratio_cpu']:.3f}")
     met = "met" if result["ratio"] >= 0.95 else "not met"
     print(f"ratio node/raw batch: {node / raw:.3f} median, {result['ratio_best']:.3f} best rounds "
           f"(goal >= 0.95: {met})")
@@ -159,9 +163,11 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def measure_llamacpp(model, texts: list[str], args, threads: int, flash: bool) -> dict[str, list[float]]:
+def measure_llamacpp(model, texts: list[str], args, threads: int, flash: bool) -> tuple[dict, dict]:
     """Load the sides, warm them up, then ``args.repeats`` rounds with the sides interleaved;
-    tokens/s per side and round."""
+    tokens per wall-clock second and tokens per CPU second of this process, per side and round.
+    Tokens per CPU second are steadier on a busy machine (time spent descheduled does not count;
+    ggml's worker threads spinning at barriers do)."""
     from bench.raw_llamacpp import RawBatchGenerator
     from node_agents.backends.llamacpp import LlamaCppBackend
 
@@ -185,15 +191,18 @@ def measure_llamacpp(model, texts: list[str], args, threads: int, flash: bool) -
         for fn, obj in sides.values():
             fn(obj, prompt_ids[:1], warm, -1)
         rates: dict[str, list[float]] = {name: [] for name in sides}
+        cpu_rates: dict[str, list[float]] = {name: [] for name in sides}
         for r in range(args.repeats):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))  # no side always goes first
             for name in order:
                 fn, obj = sides[name]
+                c0 = time.process_time()
                 tokens, secs = fn(obj, prompt_ids, args, r)
                 rates[name].append(tokens / secs)
+                cpu_rates[name].append(tokens / max(time.process_time() - c0, 1e-9))
     finally:
         backend.close()
         raw.close()
         if llm is not None:
             llm.close()
-    return rates
+    return rates, cpu_rates

@@ -59,5 +59,6 @@ def test_throughput_bench_reports_all_three_sides(model, capsys):
     assert result["node_tokens_per_s"] > 0 and result["raw_batch_tokens_per_s"] > 0
     assert result["llama_api_tokens_per_s"] > 0
     assert result["ratio"] == pytest.approx(result["node_tokens_per_s"] / result["raw_batch_tokens_per_s"], rel=0.01)
-    assert set(result["rounds"]) == {"node", "raw_batch", "llama_api"}
+    assert set(result["rounds"]) == set(result["cpu_rounds"]) == {"node", "raw_batch", "llama_api"}
+    assert result["ratio_cpu"] > 0
     assert "ratio node/raw batch" in capsys.readouterr().out
