@@ -22,18 +22,17 @@ cuts the directly fetched whole adapter down to the range.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import trio
-
-import dataclasses
 
 from node_agents.backends.base import LoraAdapter
 from swarm.dissem.broadcast import Disseminator
 from swarm.dissem.codec import CodecError
 from swarm.dissem.manifest import LayerRange, ManifestError, decode_version, describe, layers_of, normalise_ranges
-from swarm.pipeline.layers import slice_for_range
 from swarm.dissem.store import Assembly, ChunkStore
+from swarm.pipeline.layers import slice_for_range
 from swarm.errors import SwarmError
 from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
 from swarm.proto.dissem import DissemJoin, DissemJoinAck, HaveAck, HaveVersion, ManifestReply, ManifestRequest
