@@ -38,6 +38,7 @@ import math
 import random
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,11 +139,21 @@ class Verifier:
     checked: int = 0
     skipped: int = 0
     failed: int = 0
-    #: Every verified group: (peer, backend, stats) — the measured distribution.
-    history: list[tuple[str, str, GroupStats]] = field(default_factory=list)
+    #: Most recent verified groups kept in :attr:`history` (older ones are summarised only).
+    history_size: int = 1000
+    #: The last ``history_size`` verified groups: (peer, backend, stats), for inspection.
+    history: deque = field(default_factory=deque)
+    #: Per backend, over the whole run: groups verified, failed, and the largest statistics
+    #: (``max_abs_diff``, ``max_abs_z``): the measured distribution's margins, in constant memory.
+    summary: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
+        if self.history_size < 0:
+            raise ValueError(f"history_size must not be negative, got {self.history_size}")
+        self.history = deque(self.history, maxlen=self.history_size)
+        self._step_max_diff: float | None = None  # this step's largest statistics (take_metrics)
+        self._step_max_z: float | None = None
 
     def exclusive(self, train_step):
         """Wrap the trainer's ``train_step``: no scoring while weights change, and the weights'
@@ -223,22 +234,36 @@ class Verifier:
         stats = group_stats([c.logprobs for c in result.completions], [c.mask for c in result.completions],
                             scored, with_z)
         self.checked += 1
-        self.history.append((peer_id, backend, stats))
         reason = judge(stats, self.threshold(backend), self.cfg.max_abs_z, self.cfg.surprisal_slack)
         if reason is not None:
             self.failed += 1
+        self._record(peer_id, backend, stats, failed=reason is not None)
         return reason
+
+    def _record(self, peer_id: str, backend: str, stats: GroupStats, failed: bool) -> None:
+        """Keep a verified group's statistics: in the bounded history, the step's maxima and the
+        backend's run-long summary."""
+        self.history.append((peer_id, backend, stats))
+        z = abs(stats.z_beyond(self.cfg.surprisal_slack)) if stats.z is not None else None
+        self._step_max_diff = max(stats.mean_abs_diff, self._step_max_diff or 0.0)
+        if z is not None:
+            self._step_max_z = max(z, self._step_max_z or 0.0)
+        b = self.summary.setdefault(backend, {"groups": 0, "failed": 0, "max_abs_diff": 0.0, "max_abs_z": 0.0})
+        b["groups"] += 1
+        b["failed"] += int(failed)
+        b["max_abs_diff"] = max(b["max_abs_diff"], stats.mean_abs_diff)
+        if z is not None:
+            b["max_abs_z"] = max(b["max_abs_z"], z)
 
     def take_metrics(self) -> dict[str, float]:
         out = {"verify_groups": self.checked, "verify_skipped": self.skipped, "verify_failed": self.failed,
                "verify_s": round(self.spent_s, 3)}
-        step = self.history[len(self.history) - self.checked:] if self.checked else []
-        if step:  # the margins to the thresholds: the largest statistics of this step's groups
-            out["verify_max_abs_diff"] = round(max(st.mean_abs_diff for _, _, st in step), 4)
-            zs = [abs(st.z_beyond(self.cfg.surprisal_slack)) for _, _, st in step if st.z is not None]
-            if zs:
-                out["verify_max_abs_z"] = round(max(zs), 3)
+        if self._step_max_diff is not None:  # the margins to the thresholds: this step's largest statistics
+            out["verify_max_abs_diff"] = round(self._step_max_diff, 4)
+        if self._step_max_z is not None:
+            out["verify_max_abs_z"] = round(self._step_max_z, 3)
         self.spent_s, self.checked, self.skipped, self.failed = 0.0, 0, 0, 0
+        self._step_max_diff = self._step_max_z = None
         return out
 
 
