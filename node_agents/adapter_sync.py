@@ -160,7 +160,11 @@ class AdapterSync:
         """The complete, verified chunks of ``version`` (this node's range of it), or None."""
         rng = self.layer_range
         if self._registered_range != rng and self._registered_range != "unregistered":
-            await self._register()  # the range changed since the learner last heard from us
+            # The range changed since the learner last heard from us: versions it published
+            # before this registration were not pushed for the new range; fetch them at once.
+            ack = await self._register()
+            if ack is not None:
+                self.joined_version = ack.current_version
         asm = self.store.get(version, rng)
         if asm is None and version > self.joined_version:
             with trio.move_on_after(self.dis.settings.stall_timeout_s):
