@@ -49,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--async-steps", type=int, default=0, help="learner steps of the async runs (0 = --steps)")
     p.add_argument("--eval-every", type=int, default=0,
                    help="keep every k-th step's adapter and score the async runs' ones for time to accuracy (0 = final only)")
+    p.add_argument("--eval-threads", type=int, default=0, help="llama.cpp threads of the held-out evaluations (0 = all cores)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override applied to every run (repeatable)")
 
@@ -85,10 +86,11 @@ def step_profile(rows: list[dict]) -> dict:
     the GRPO update, and the rest (reward scoring, adapter export and publish, bookkeeping)."""
     body = rows[1:] or rows
     if not body:
-        return {"step_s": 0.0, "idle_s": 0.0, "train_s": 0.0, "other_s": 0.0}
+        return {"step_s": 0.0, "idle_s": 0.0, "train_s": 0.0, "other_s": 0.0, "idle_frac": 0.0}
     mean = lambda key: sum(r.get(key, 0.0) for r in body) / len(body)  # noqa: E731
     step, idle, train = mean("step_time_s"), mean("learner_idle_s"), mean("train_s")
-    return {"step_s": step, "idle_s": idle, "train_s": train, "other_s": max(0.0, step - idle - train)}
+    return {"step_s": step, "idle_s": idle, "train_s": train, "other_s": max(0.0, step - idle - train),
+            "idle_frac": idle / step if step else 0.0}
 
 
 def time_to_accuracy(series: list[dict], target: float) -> dict | None:
@@ -103,7 +105,8 @@ def time_to_accuracy(series: list[dict], target: float) -> dict | None:
 def goal_line(name: str, seq_wall_s: float, reach: dict | None, idle_frac: float, target: float,
               max_ratio: float = GOAL_TIME_RATIO, max_idle: float = GOAL_IDLE_FRAC) -> str:
     """One line: is the goal (reach ``target`` within ``max_ratio`` x the sequential wall-clock,
-    learner idle under ``max_idle``) met, and by how much."""
+    learner idle under ``max_idle``) met, and by how much. ``idle_frac``: the steady state (steps
+    after the first, whose wait includes the nodes' start-up; ``step_profile``)."""
     idle = (f"learner idle {100 * idle_frac:.1f}% (goal < {100 * max_idle:.0f}%: "
             f"{'met' if idle_frac < max_idle else 'missed'} by {100 * abs(max_idle - idle_frac):.1f} points)")
     if reach is None:
@@ -119,7 +122,7 @@ def goal_line(name: str, seq_wall_s: float, reach: dict | None, idle_frac: float
 
 def overlap_table(results: dict[str, dict], seq_wall_s: float, target: float | None) -> str:
     lines = ["| run | steps | wall-clock | held-out accuracy (final) | time to sequential accuracy | ratio | "
-             "learner idle | samples/s | per step: wait / train / other |",
+             "learner idle (all steps / after step 1) | samples/s | per step after step 1: wait / train / other |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         ev, reach, pr = r.get("eval"), r.get("reach"), r["profile"]
@@ -131,7 +134,7 @@ def overlap_table(results: dict[str, dict], seq_wall_s: float, target: float | N
         else:
             when, ratio = ("not reached" if target is not None else "-"), "-"
         lines.append(f"| {name} | {r['steps']} | {r['wall_s']:.0f}s | {acc} | {when} | {ratio} | "
-                     f"{100 * r['learner_idle_frac']:.1f}% | {r['samples_per_s']:.2f} | "
+                     f"{100 * r['learner_idle_frac']:.1f}% / {100 * pr['idle_frac']:.1f}% | {r['samples_per_s']:.2f} | "
                      f"{pr['idle_s']:.1f} / {pr['train_s']:.1f} / {pr['other_s']:.1f} s |")
     return "\n".join(lines)
 
@@ -200,7 +203,8 @@ def _series_eval(cfg, args, name: str, run_dir: Path, rows: list[dict], target: 
         reached = target is not None and any(r.accuracy >= target - 1e-9 for r in done.values())
         return not reached or int(label.rsplit("@", 1)[1]) in keep
 
-    evals = eval_adapters(cfg, args.eval_n, [(f"{name}@{step}", d) for step, d in dirs], want=want)
+    evals = eval_adapters(cfg, args.eval_n, [(f"{name}@{step}", d) for step, d in dirs], want=want,
+                          threads=args.eval_threads or None)
     return [{"step": int(label.rsplit("@", 1)[1]), "wall_s": wall[int(label.rsplit("@", 1)[1])], **_eval_dict(ev)}
             for label, ev in evals.items()]
 
@@ -261,7 +265,7 @@ def run(args) -> None:
             seq = results.get("sequential", {}).get("eval")
             if name == "sequential" or not args.eval_every:
                 todo = ([("base", None)] if base_eval is None else []) + [(name, run_dir / "adapter")]
-                evals = eval_adapters(cfg, args.eval_n, todo)
+                evals = eval_adapters(cfg, args.eval_n, todo, threads=args.eval_threads or None)
                 base_eval = _eval_dict(evals["base"]) if "base" in evals else base_eval
                 r["eval"] = _eval_dict(evals[name])
             else:
@@ -287,7 +291,7 @@ def run(args) -> None:
                          f"target = sequential final {target:.3f} (n={seq['eval']['n']})")
         for name, r in results.items():
             if name != "sequential":
-                lines.append(goal_line(name, seq_wall, r.get("reach"), r["learner_idle_frac"], target))
+                lines.append(goal_line(name, seq_wall, r.get("reach"), r["profile"]["idle_frac"], target))
                 acc_at = {e["step"]: e["accuracy"] for e in r.get("series", [])}
                 if args.steps in acc_at:
                     lines.append(f"{name}: held-out accuracy at step {args.steps} (the sequential budget) "

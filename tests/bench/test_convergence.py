@@ -97,7 +97,7 @@ def test_step_profile_and_overlap_table():
             {"step": 3, "samples": 8, "step_time_s": 14.0, "learner_idle_s": 0.0, "train_s": 12.0, "wall_s": 56.0,
              "reward_mean": 0.6}]
     pr = step_profile(rows)
-    assert pr == {"step_s": 13.0, "idle_s": 0.5, "train_s": 11.0, "other_s": 1.5}
+    assert pr == {"step_s": 13.0, "idle_s": 0.5, "train_s": 11.0, "other_s": 1.5, "idle_frac": 0.5 / 13.0}
     assert step_profile(rows[:1])["idle_s"] == 20.0 and step_profile([])["step_s"] == 0.0
     seq = {**run_summary(rows), "profile": pr, "eval": {"accuracy": 0.5, "ci_low": 0.4, "ci_high": 0.6}}
     asy = {**seq, "reach": {"step": 2, "wall_s": 42.0}}
@@ -105,7 +105,7 @@ def test_step_profile_and_overlap_table():
     assert "| sequential | 3 | 56s | 0.500 [0.400, 0.600] | 56s (its own end) | 1.00 |" in text
     assert "| async-S2 | 3 | 56s | 0.500 [0.400, 0.600] | 42s (step 2) | 0.75 |" in text
     assert "| async-S4 | 3 | 56s | 0.500 [0.400, 0.600] | not reached | - |" in text
-    assert "0.5 / 11.0 / 1.5 s |" in text
+    assert "| 37.5% / 3.8% | 0.43 | 0.5 / 11.0 / 1.5 s |" in text
 
 
 def test_snapshot_watcher_links_complete_checkpoints(tmp_path):
