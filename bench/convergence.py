@@ -49,7 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--async-steps", type=int, default=0, help="learner steps of the async runs (0 = --steps)")
     p.add_argument("--eval-every", type=int, default=0,
                    help="keep every k-th step's adapter and score the async runs' ones for time to accuracy (0 = final only)")
-    p.add_argument("--eval-threads", type=int, default=0, help="llama.cpp threads of the held-out evaluations (0 = all cores)")
+    p.add_argument("--eval-workers", type=int, default=2, help="held-out evaluations side by side (processes)")
+    p.add_argument("--eval-threads", type=int, default=0,
+                   help="llama.cpp threads per evaluation (0 = 1 with several workers, else all cores)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override applied to every run (repeatable)")
 
@@ -189,7 +191,7 @@ def _eval_dict(ev) -> dict:
 def _series_eval(cfg, args, name: str, run_dir: Path, rows: list[dict], target: float | None) -> list[dict]:
     """Score the run's kept adapters in step order; once one reaches ``target`` only the one at
     the sequential run's step count and the final one are still scored."""
-    from bench.snapshots import adapter_dir_from_snapshot, eval_adapters, snapshot_steps
+    from bench.snapshots import adapter_dir_from_snapshot, eval_parallel, snapshot_steps
 
     wall = {r["step"]: r["wall_s"] for r in rows}
     dirs = []
@@ -203,8 +205,8 @@ def _series_eval(cfg, args, name: str, run_dir: Path, rows: list[dict], target: 
         reached = target is not None and any(r.accuracy >= target - 1e-9 for r in done.values())
         return not reached or int(label.rsplit("@", 1)[1]) in keep
 
-    evals = eval_adapters(cfg, args.eval_n, [(f"{name}@{step}", d) for step, d in dirs], want=want,
-                          threads=args.eval_threads or None)
+    evals = eval_parallel(cfg, args.eval_n, [(f"{name}@{step}", d) for step, d in dirs], args.eval_workers,
+                          threads=args.eval_threads or None, want=want)
     return [{"step": int(label.rsplit("@", 1)[1]), "wall_s": wall[int(label.rsplit("@", 1)[1])], **_eval_dict(ev)}
             for label, ev in evals.items()]
 
@@ -222,7 +224,7 @@ def run(args) -> None:
               f"{args.nodes} node(s) on CPU {sorted(plan.nodes)} ({plan.node_threads(args.nodes)} llama.cpp "
               f"thread(s) each)", flush=True)
 
-    from bench.snapshots import SnapshotWatcher, eval_adapters
+    from bench.snapshots import SnapshotWatcher, eval_parallel
     from learner.cli import validate
     from learner.config import LearnerConfig
     from learner.demo import run_demo
@@ -265,7 +267,7 @@ def run(args) -> None:
             seq = results.get("sequential", {}).get("eval")
             if name == "sequential" or not args.eval_every:
                 todo = ([("base", None)] if base_eval is None else []) + [(name, run_dir / "adapter")]
-                evals = eval_adapters(cfg, args.eval_n, todo, threads=args.eval_threads or None)
+                evals = eval_parallel(cfg, args.eval_n, todo, args.eval_workers, threads=args.eval_threads or None)
                 base_eval = _eval_dict(evals["base"]) if "base" in evals else base_eval
                 r["eval"] = _eval_dict(evals[name])
             else:

@@ -120,3 +120,27 @@ def eval_adapters(cfg, n: int, adapters: list[tuple[str, Path | None]], threads:
             print(f"convergence: eval {label}: {r.correct}/{r.n} = {r.accuracy:.3f} "
                   f"[{r.ci_low:.3f}, {r.ci_high:.3f}] in {r.seconds:.0f}s", flush=True)
     return results
+
+
+def eval_parallel(cfg, n: int, adapters: list[tuple[str, Path | None]], workers: int = 2, threads: int | None = None,
+                  want=lambda label, done: True) -> dict[str, object]:
+    """:func:`eval_adapters` over ``workers`` processes (one adapter each at a time, in order,
+    ``threads`` llama.cpp threads each, default 1): on a small machine single-threaded
+    decoders side by side beat one multi-threaded decoder. ``want`` is asked before each round."""
+    if workers <= 1:
+        return eval_adapters(cfg, n, adapters, threads=threads, want=want)
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    results: dict[str, object] = {}
+    todo = list(adapters)
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        while todo:
+            batch = []
+            while todo and len(batch) < workers:
+                item = todo.pop(0)
+                if want(item[0], results):
+                    batch.append(item)
+            for fut in [pool.submit(eval_adapters, cfg, n, [item], threads or 1) for item in batch]:
+                results.update(fut.result())
+    return results
