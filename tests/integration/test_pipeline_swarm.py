@@ -60,7 +60,7 @@ def test_pipeline_and_llamacpp_train_together_and_a_lost_stage_is_re_leased(tmp_
         svc.gate_timeout_s = 20.0  # after the loss only one of them is left
 
     def peer_of(name: str) -> str | None:
-        m = re.search(r"listening on (\S+)", (tmp_path / f"{name}.log").read_text())
+        m = re.search(r"swarm-node: listening on (\S+)", (tmp_path / f"{name}.log").read_text())
         return m.group(1) if m else None
 
     async def killer() -> None:
