@@ -93,6 +93,15 @@ async def async_step(ctx) -> dict[str, Any]:
     return await _train_and_publish(ctx, groups, t0, idle, gen0)
 
 
+def _export_reply(trainer, version: int):
+    """The new adapter version as the service's reply, and the seconds its export took
+    (blocking: run in a worker thread, so the service keeps answering nodes meanwhile)."""
+    t = time.perf_counter()
+    adapter = trainer.export_adapter(version)
+    export_s = time.perf_counter() - t
+    return adapter_reply(adapter), export_s
+
+
 async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle: float,
                              gen0: dict[str, float] | None = None) -> dict[str, Any]:
     from learner.loop import score_groups
@@ -114,10 +123,10 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
     trained_on = state.version
     state.step += 1
     state.version += 1
-    with clock.part("export"):
-        adapter = ctx.trainer.export_adapter(state.version)
-    with clock.part("encode"):
-        reply = adapter_reply(adapter)
+    t_exp = time.perf_counter()
+    reply, export_s = await trio.to_thread.run_sync(_export_reply, ctx.trainer, state.version)
+    clock.parts["export"] += export_s
+    clock.parts["encode"] += time.perf_counter() - t_exp - export_s  # with the worker-thread hop
     with clock.part("publish"):
         ctx.service.publish(reply)
     ctx.dissem_watch = DissemWatch.start(ctx.service, state.version)
