@@ -183,10 +183,11 @@ class Coordinator:
         return sum(state in (PENDING, LEASED, COMPLETED) for state in self.ledger.values())
 
     # -- leases ----------------------------------------------------------------------------
-    def lease(self, peer_id: str, max_groups: int, now: float) -> LeaseRecord | None:
-        """Take up to ``max_groups`` pending groups for ``peer_id``; ``None`` if none wait."""
+    def lease(self, peer_id: str, max_groups: int, now: float, limit: int | None = None) -> LeaseRecord | None:
+        """Take up to ``max_groups`` pending groups for ``peer_id``; ``None`` if none wait.
+        ``limit`` replaces ``groups_per_lease`` (a pipeline head's groups in flight)."""
         self.expire(now)
-        n = max(1, min(max_groups, self.groups_per_lease))
+        n = max(1, min(max_groups, self.groups_per_lease if limit is None else limit))
         taken: list[str] = []
         skipped: list[str] = []  # groups this peer's results were refused for: left to others
         while self.queue and len(taken) < n:

@@ -49,8 +49,9 @@ class PipelineSettings:
 
     #: Prompt tokens budgeted in each stage's KV cache (on top of ``sampling.max_tokens``).
     prompt_tokens: int = 256
-    #: Groups a head keeps in flight at once (its lease size; each holds a KV cache per stage).
-    in_flight: int = 1
+    #: Groups a head keeps in flight at once (its largest lease; each holds a KV cache per
+    #: stage, so the stages interleave them step by step instead of waiting on each other).
+    in_flight: int = 2
     #: A stage node that has not polled for this long (and holds no lease) leaves the plan (s).
     stale_s: float = 120.0
     #: Allocator knobs (usable memory fraction, hop cost, anti-thrash rule).
@@ -315,8 +316,8 @@ async def stage_work(svc: Any, msg: WorkRequest, peer_id: str) -> WorkReply:
                         svc._waiting.add(peer_id)
                         svc.notify()
                     if not svc._gate_closed():
-                        n = min(msg.max_groups, mgr.settings.in_flight)
-                        record = svc.coordinator.lease(peer_id, n, trio.current_time())
+                        record = svc.coordinator.lease(peer_id, msg.max_groups, trio.current_time(),
+                                                       limit=mgr.settings.in_flight)
                         if record is not None:
                             svc.notify()
                             return WorkReply(lease=svc._lease_message(record),

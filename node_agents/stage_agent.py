@@ -138,7 +138,9 @@ class StageAgent(NodeAgent):
     def _request(self) -> WorkRequest:
         st = self.stage
         have = st.adapter_version if st is not None and self.adapter_key and self.adapter_key[0] == self.run_id else -1
-        return WorkRequest(have_version=have, max_groups=self.cfg.max_groups,
+        a = self.assignment
+        groups = max(self.cfg.max_groups, a.in_flight if a is not None and a.head else 1)
+        return WorkRequest(have_version=have, max_groups=groups,
                            layer_start=st.start if st is not None else -1, layer_end=st.end if st is not None else -1,
                            pipeline_id=self.pipeline_id if st is not None else "")
 
