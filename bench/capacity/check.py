@@ -225,11 +225,25 @@ def run_check(args) -> int:
     print(f"capacity check {args.check}: {measured.steps} steps compared (after step {run.skip}); "
           f"load average before {info['load_before']}, after {info['load_after']}")
     print(text)
+    print(inputs_line(run, nodes, info))
     report = {"config": args.check, "prediction": asdict(pred), "measured": asdict(measured), **info,
               "rows": [{**asdict(r), "ok": r.ok} for r in rows]}
     (out / "check.json").write_text(json.dumps(report, indent=1))
     (out / "check.md").write_text(text + "\n")
     return 0 if all(r.ok for r in rows) else 1
+
+
+def inputs_line(run: RunSpec, nodes: list[NodeSpec], info: dict) -> str:
+    """The profile's durations beside the run's own (where an error comes from; not compared)."""
+    steps = info.get("measured_steps", [])[run.skip:]
+    train = [float(r["train_s"]) for r in steps if isinstance(r.get("train_s"), (int, float))]
+    sharing = sum(1 for n in nodes if n.core == nodes[0].core)
+    per_node = list((info.get("node_group_s") or {}).values())
+    parts = [f"T_train profile {run.train_s:.1f} s, run mean {sum(train) / len(train):.1f} s" if train else ""]
+    if per_node:
+        parts.append(f"seconds per group per node profile {nodes[0].group_s * sharing:.1f} (shared by {sharing}), "
+                     f"run {', '.join(f'{x:.1f}' for x in per_node)}")
+    return "inputs (not compared): " + "; ".join(x for x in parts if x)
 
 
 def measure(cfg: CheckConfig, run: RunSpec, max_tokens: int, run_dir: Path) -> tuple[Summary, dict]:

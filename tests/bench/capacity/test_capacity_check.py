@@ -81,3 +81,14 @@ def test_predict_only_from_the_command_line(tmp_path, capsys):
     assert "predicted from" in out and "utilisation" in out
     pred = json.loads((tmp_path / "out" / "prediction.json").read_text())
     assert pred["summary"]["utilisation"] > 0 and len(pred["steps"]) == CONFIGS["learner-bound"].steps
+
+
+def test_inputs_line_sets_profile_beside_run():
+    from bench.capacity.check import inputs_line
+
+    run, nodes = specs_from_profile(profile(), CheckConfig(backend="llamacpp"))
+    info = {"measured_steps": [{"train_s": 99.0}, {"train_s": 20.0}, {"train_s": 30.0}],
+            "node_group_s": {"aaa": 5.5, "bbb": 4.5}}
+    line = inputs_line(run, nodes, info)
+    assert "T_train profile 12.0 s, run mean 25.0 s" in line
+    assert "profile 5.0 (shared by 2), run 5.5, 4.5" in line
