@@ -175,23 +175,38 @@ def summarise(run_dir: Path, total_s: float, node_backends: dict[str, str] | Non
     return 0
 
 
-#: A stage's memory cap as a fraction of the whole model's weights: three such caps hold the
-#: model with its KV cache, two do not, so the allocator forms one 3-stage pipeline.
-PIPELINE_CAP_FRACTION = 0.48
+def stage_cap_bytes(model, run, plan) -> int:
+    """A memory cap per stage node such that three capped nodes cover the model (weights and
+    the run's KV budget) and two do not, so the allocator forms one 3-stage pipeline. Pure:
+    ``model``/``run``/``plan`` are the allocator's ``ModelSpec``, ``RunSpec``, ``PlanConfig``."""
+    import math
+
+    from swarm.pipeline.allocate import end_costs
+
+    unit = model.layer_bytes + model.kv_bytes_per_token * run.group_size * run.max_tokens * run.in_flight
+    need = model.n_layers + sum(end_costs(model, run))
+    layers = math.ceil(need / 3) + 1  # three of them cover `need`; two hold 2 * layers < need
+    return int(math.ceil((layers * unit + plan.reserve_bytes) / plan.usable_fraction)) + 1
 
 
 def run_pipeline_demo(cfg, run_dir: Path) -> int:
     """``swarm-learner demo --pipeline``: the learner, three torch nodes capped below the model's
     size (stage nodes: the learner forms a 3-stage pipeline of them) and one llama.cpp node.
     Prints each plan as it is made, and at the end the pipelines and their share of rollouts."""
+    from learner.pipelines import PipelineSettings
     from node_agents.models import resolve_for_backend
     from node_agents.stage_agent import stage_geometry, whole_model_bytes
+    from swarm.pipeline.allocate import RunSpec
 
     name = cfg.model.name
     model = name if name == "default" or name.endswith(".gguf") or Path(name).is_dir() else "default"
-    cap = int(PIPELINE_CAP_FRACTION * whole_model_bytes(stage_geometry(resolve_for_backend(model, "torch"), 4)))
-    print(f"demo: pipeline mode: 3 torch stage nodes capped at {cap / 1e6:.0f} MB each (the model needs "
-          f"{cap / PIPELINE_CAP_FRACTION / 1e6:.0f} MB in fp32) + 1 llama.cpp node", flush=True)
+    spec = stage_geometry(resolve_for_backend(model, "torch"), 4)
+    ps = PipelineSettings()
+    run = RunSpec(cfg.train.group_size, cfg.train.max_tokens + ps.prompt_tokens, ps.in_flight)
+    cap = stage_cap_bytes(spec, run, ps.plan)
+    print(f"demo: pipeline mode: 3 torch stage nodes capped at {cap / 1e6:.0f} MB each (the model's weights "
+          f"are {whole_model_bytes(spec) / 1e6:.0f} MB in fp32, plus the KV cache of a group) + 1 llama.cpp node",
+          flush=True)
     services: list = []
 
     def on_learner(service) -> None:

@@ -241,3 +241,17 @@ def test_service_stage_poll_assigns_then_leases_only_to_a_ready_head():
             stage_adapter(svc, StageAdapterRequest(5, 0, 10))
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("group, max_tokens", [(2, 8), (8, 64), (16, 512)])
+def test_demo_cap_makes_exactly_one_three_stage_pipeline(group, max_tokens):
+    from learner.demo import stage_cap_bytes
+    from swarm.pipeline.allocate import NodeSpec, RunSpec, form_pipelines
+
+    ps = PipelineSettings()
+    run = RunSpec(group, max_tokens + ps.prompt_tokens, ps.in_flight)
+    cap = stage_cap_bytes(SMOL, run, ps.plan)
+    nodes = [NodeSpec(f"s{i}", cap, 10.0) for i in range(3)]
+    plan = form_pipelines(nodes, SMOL, run, ps.plan)
+    assert [len(p.stages) for p in plan.pipelines] == [3]
+    assert form_pipelines(nodes[:2], SMOL, run, ps.plan).pipelines == ()
