@@ -7,7 +7,7 @@ One command, one machine, one arm after the other:
 2. TRL's ``GRPOTrainer`` with a peft LoRA on the same task, model, prompts and settings
    (``bench/trl_baseline.py``), its wall-clock capped at ``--trl-cap-factor`` times the
    swarm's time to the target (at least the swarm's whole run, so an equal-time adapter
-   exists), or at ``--trl-max-s``;
+   exists), or at ``--trl-max-s``, and never past ``--trl-end-by``;
 3. ``swarm-learner eval`` (``learner.eval.run_eval``: llama.cpp, greedy) of the swarm's final
    adapter, TRL's adapter at the swarm's wall-clock and TRL's final adapter on the same
    ``--eval-n`` held-out problems.
@@ -42,19 +42,39 @@ def add_trl_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trl-cap-factor", type=float, default=DEFAULT_CAP_FACTOR,
                    help="TRL's wall-clock cap as a multiple of the swarm's time to the target")
     g.add_argument("--trl-max-s", type=float, default=0.0, help="fixed wall-clock cap of TRL in seconds (overrides the factor)")
+    g.add_argument("--trl-end-by", default="", metavar="HH:MM",
+                   help="local time by which TRL stops at the latest (a shared machine's slot); the cap shrinks to fit")
     g.add_argument("--trl-steps", type=int, default=0, help="most TRL steps (generation batches); 0 = 3x --steps")
     g.add_argument("--eval-n", type=int, default=200, help="held-out problems per evaluation (0 = skip)")
+    g.add_argument("--no-eval-trl-final", action="store_true",
+                   help="score only TRL's equal-time adapter, not also its final one")
 
 
 # -- pure decisions ------------------------------------------------------------------------------
 def trl_cap_s(swarm_hit_s: float | None, swarm_wall_s: float, factor: float = DEFAULT_CAP_FACTOR,
-              fixed_s: float = 0.0) -> float:
+              fixed_s: float = 0.0, limit_s: float | None = None) -> float:
     """TRL's wall-clock cap: ``fixed_s`` when given, else ``factor`` x the swarm's time to the target
-    (its whole run when it never got there), and never less than the swarm's whole run."""
+    (its whole run when it never got there), and never less than the swarm's whole run; then at
+    most ``limit_s`` (the time left before ``--trl-end-by``), and at least 1 s."""
     if fixed_s > 0:
-        return float(fixed_s)
-    base = swarm_hit_s if swarm_hit_s is not None else swarm_wall_s
-    return max(factor * base, swarm_wall_s)
+        cap = float(fixed_s)
+    else:
+        base = swarm_hit_s if swarm_hit_s is not None else swarm_wall_s
+        cap = max(factor * base, swarm_wall_s)
+    return max(1.0, min(cap, limit_s) if limit_s is not None else cap)
+
+
+def seconds_until(hhmm: str, now: float) -> float | None:
+    """Seconds from ``now`` (epoch) to the next local ``HH:MM``; None for an empty string."""
+    if not hhmm:
+        return None
+    try:
+        hour, minute = (int(x) for x in hhmm.split(":"))
+        lt = time.localtime(now)
+        target = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday, hour, minute, 0, 0, 0, -1))
+    except (ValueError, OverflowError):
+        raise ValueError(f"--trl-end-by: expected HH:MM, got {hhmm!r}") from None
+    return target - now if target > now else target + 86400 - now
 
 
 def arm_figures(rows: list[dict[str, Any]], target: float) -> dict[str, Any]:
@@ -142,6 +162,7 @@ def run_vs_trl(args) -> int:
     def config():
         return validate(load_config(LearnerConfig, args.config, overrides))
 
+    seconds_until(args.trl_end_by, time.time())  # a bad value fails before the swarm runs
     out = Path(args.out or Path("runs") / f"tta-trl-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     print(f"time to accuracy: swarm ({args.nodes} nodes) then TRL; out {out}", flush=True)
@@ -150,7 +171,8 @@ def run_vs_trl(args) -> int:
     if not swarm["steps"]:
         print("time to accuracy: the swarm completed no step")
         return 1
-    cap = trl_cap_s(swarm["hit"]["wall_s"] if swarm["hit"] else None, swarm["wall_s"], args.trl_cap_factor, args.trl_max_s)
+    cap = trl_cap_s(swarm["hit"]["wall_s"] if swarm["hit"] else None, swarm["wall_s"], args.trl_cap_factor,
+                    args.trl_max_s, seconds_until(args.trl_end_by, time.time()))
     cfg = config()
     resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
     trl_summary = run_trl(cfg, resolved.hf_dir, out / "trl", max_steps=args.trl_steps or 3 * cfg.train.steps,
@@ -159,8 +181,8 @@ def run_vs_trl(args) -> int:
     equal_s = json.loads((out / "trl" / EQUAL_ADAPTER / "wall_s.json").read_text())["wall_s"]
     evals: dict[str, dict] = {}
     if args.eval_n > 0:
-        for label, adapter in [("swarm", out / "swarm" / "adapter"), ("trl-equal", out / "trl" / EQUAL_ADAPTER),
-                               ("trl-final", out / "trl" / FINAL_ADAPTER)]:
+        arms = [("swarm", out / "swarm" / "adapter"), ("trl-equal", out / "trl" / EQUAL_ADAPTER)]
+        for label, adapter in arms + ([] if args.no_eval_trl_final else [("trl-final", out / "trl" / FINAL_ADAPTER)]):
             base, scored = run_eval(cfg, args.eval_n, adapter, json_out=out / f"eval-{label}.json")
             evals.setdefault("base", {**asdict(base), "accuracy": base.accuracy})
             evals[label] = {**asdict(scored), "accuracy": scored.accuracy}

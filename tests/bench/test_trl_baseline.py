@@ -97,6 +97,21 @@ def test_cap_is_a_multiple_of_the_swarm_time_to_target_and_covers_its_run():
     assert trl_cap_s(50.0, 200.0, 3.0) == 200.0  # never below the swarm's whole run (equal-time adapter)
     assert trl_cap_s(None, 200.0, 3.0) == 600.0
     assert trl_cap_s(100.0, 200.0, 3.0, fixed_s=90.0) == 90.0
+    assert trl_cap_s(100.0, 200.0, 3.0, limit_s=250.0) == 250.0  # a slot end shortens it
+    assert trl_cap_s(100.0, 200.0, 3.0, limit_s=-5.0) == 1.0
+
+
+def test_seconds_until_a_local_time():
+    import time
+
+    from bench.time_to_accuracy import seconds_until
+
+    now = time.mktime((2026, 5, 4, 10, 0, 0, 0, 0, -1))
+    assert seconds_until("", now) is None
+    assert seconds_until("10:30", now) == pytest.approx(1800.0)
+    assert seconds_until("09:30", now) == pytest.approx(86400.0 - 1800.0)  # tomorrow
+    with pytest.raises(ValueError, match="HH:MM"):
+        seconds_until("ten", now)
 
 
 def test_speed_verdict_exact_bound_undecided_and_not_reached():
