@@ -226,8 +226,13 @@ def run_check(args) -> int:
           f"load average before {info['load_before']}, after {info['load_after']}")
     print(text)
     print(inputs_line(run, nodes, info))
+    replay = replay_with_run_durations(run, nodes, info)
+    if replay is not None:
+        print("the same replay fed the run's own durations (consistency of the protocol model, not a prediction):")
+        print(table(compare(replay, measured)))
     report = {"config": args.check, "prediction": asdict(pred), "measured": asdict(measured), **info,
-              "rows": [{**asdict(r), "ok": r.ok} for r in rows]}
+              "rows": [{**asdict(r), "ok": r.ok} for r in rows],
+              "replay_with_run_durations": asdict(replay) if replay is not None else None}
     (out / "check.json").write_text(json.dumps(report, indent=1))
     (out / "check.md").write_text(text + "\n")
     if not all(r.ok for r in rows):
@@ -246,6 +251,25 @@ def inputs_line(run: RunSpec, nodes: list[NodeSpec], info: dict) -> str:
         parts.append(f"seconds per group per node profile {nodes[0].group_s * sharing:.1f} (shared by {sharing}), "
                      f"run {', '.join(f'{x:.1f}' for x in per_node)}")
     return "inputs (not compared): " + "; ".join(x for x in parts if x)
+
+
+def replay_with_run_durations(run: RunSpec, nodes: list[NodeSpec], info: dict) -> Summary | None:
+    """The replay with the run's mean learner step and per-node group times in place of the
+    profile's: separates the protocol model's error from the profile's (None if unknown)."""
+    steps = info.get("measured_steps", [])[run.skip:]
+    per_node = list((info.get("node_group_s") or {}).values())
+    if not steps or not per_node:
+        return None
+    train = sum(float(r["train_s"]) for r in steps) / len(steps)
+    other = sum(max(0.0, float(r["step_time_s"]) - float(r["train_s"]) - float(r["learner_idle_s"]))
+                for r in steps) / len(steps)
+    sharing = sum(1 for n in nodes if n.core == nodes[0].core)
+    group_s = sum(per_node) / len(per_node) / sharing
+    try:
+        return predict_summary(replace(run, train_s=train, other_s=other),
+                               [replace(n, group_s=group_s) for n in nodes])[0]
+    except ValueError:
+        return None
 
 
 def measure(cfg: CheckConfig, run: RunSpec, max_tokens: int, run_dir: Path) -> tuple[Summary, dict]:

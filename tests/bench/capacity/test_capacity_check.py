@@ -92,3 +92,13 @@ def test_inputs_line_sets_profile_beside_run():
     line = inputs_line(run, nodes, info)
     assert "T_train profile 12.0 s, run mean 25.0 s" in line
     assert "profile 5.0 (shared by 2), run 5.5, 4.5" in line
+
+
+def test_replay_with_the_runs_durations_uses_them_instead_of_the_profiles():
+    from bench.capacity.check import replay_with_run_durations
+
+    run, nodes = specs_from_profile(profile(), CheckConfig(backend="llamacpp"))
+    steps = [{"train_s": 30.0, "step_time_s": 31.0, "learner_idle_s": 0.5}] * 6
+    got = replay_with_run_durations(run, nodes, {"measured_steps": steps, "node_group_s": {"a": 2.0, "b": 2.0}})
+    assert got.step_s == pytest.approx(30.5) and got.utilisation == pytest.approx(30 / 30.5)
+    assert replay_with_run_durations(run, nodes, {"measured_steps": steps}) is None
