@@ -52,8 +52,9 @@ class PipelineSettings:
     #: Groups a head keeps in flight at once (its largest lease; each holds a KV cache per
     #: stage, so the stages interleave them step by step instead of waiting on each other).
     in_flight: int = 2
-    #: A stage node that has not polled for this long (and holds no lease) leaves the plan (s).
-    stale_s: float = 120.0
+    #: A stage node that has not polled for this long (and holds no lease, live or expired
+    #: within this time: a slow head may still push) leaves the plan (s).
+    stale_s: float = 300.0
     #: Allocator knobs (usable memory fraction, hop cost, anti-thrash rule).
     plan: PlanConfig = field(default_factory=lambda: PlanConfig(cooldown_s=60.0))
 
@@ -298,7 +299,10 @@ async def stage_work(svc: Any, msg: WorkRequest, peer_id: str) -> WorkReply:
     mgr: PipelineManager = svc.pipelines
     now = trio.current_time()
     mgr.report(peer_id, msg, now)
-    mgr.sweep(now, busy={le.peer_id for le in svc.coordinator.leases.values()} | {peer_id})
+    coord = svc.coordinator
+    busy = {le.peer_id for le in coord.leases.values()} | {peer_id}
+    busy |= {le.peer_id for le in coord.expired.values() if now - le.deadline < mgr.settings.stale_s}
+    mgr.sweep(now, busy=busy)
     svc.notify()  # a head waiting on this stage's version re-checks its gate
     try:
         with trio.move_on_after(svc.long_poll_s):
