@@ -10,8 +10,10 @@ tokens/s of one node on a whole group), ``group_s`` (seconds per group, override
     swarm-bench capacity --profile prof.json --workers llamacpp:cost_h=0.02,max=60 \\
         --workers gpu:tok_s=2500,cost_h=0.5,max=8,down_mbps=500 --staleness 0,1,2,4 --plots out/
 
-``--validate RUN_DIR`` instead compares the model with a measured run (see
-:mod:`bench.capacity.validate`). Scaling from a profile to another workload: group time is
+``--check learner-bound|swarm-bound|churn`` instead predicts a pinned demo run from the
+profile alone, runs it and compares (see :mod:`bench.capacity.check`). ``--validate RUN_DIR``
+checks the model's consistency with a finished run fed that run's own durations (see
+:mod:`bench.capacity.validate`; not a prediction). Scaling from a profile to another workload: group time is
 proportional to group size x completion tokens, and the learner step to batch tokens.
 """
 
