@@ -5,8 +5,10 @@ memory, and every group accounted for.
 The learner here is the real ``LearnerService`` + ``Coordinator`` on a real host, with the
 training replaced by taking every completed group at once (the bench measures the network face
 and the bookkeeping, not GRPO). Each worker process runs ``--per-process`` node hosts in one trio
-loop; a node says hello, then leases one group, answers with made-up completions after
-``--gen-ms`` and pushes, until the learner says the run is over.
+loop; a node says hello (retrying with jittered backoff while the learner is busy, see
+:mod:`swarm.join_path`), then leases one group, answers with made-up completions after
+``--gen-ms`` and pushes, until the learner says the run is over. The run fails unless every node
+joined and got work and every group was trained exactly once.
 
 ``swarm-bench load --nodes 200 --per-process 25 --groups 4000``
 """
