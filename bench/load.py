@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -266,7 +267,10 @@ def run(args) -> None:
                 "loadavg_before": load_before, "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             })
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(figures, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
