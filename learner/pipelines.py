@@ -103,8 +103,9 @@ def pipeline_ready(stages: Sequence[Stage], pipeline_id: str, held: Mapping[str,
 
 def assign_replicas(plan: Plan, caps: Mapping[str, int], e_first: int, e_last: int) -> dict[str, tuple[str, Stage]]:
     """Spare node -> (pipeline key, the hop it copies): each spare (most capacity first) copies
-    the hop with the fewest copies so far that fits in its capacity (the end costs count on the
-    first and last hops). Pure; hops are keyed by ``(pipeline index, hop index)`` as a string."""
+    the hop with the fewest copies so far that fits in its capacity (the end cost counts on the
+    last hop). The first hop is never copied: the head drives the generation, and a head that
+    dies loses its lease anyway. Pure; hops are keyed by ``"pipeline index:hop index"``."""
     copies: dict[str, int] = {}
     hops: list[tuple[str, Stage, int]] = []
     for pi, p in enumerate(plan.pipelines):
@@ -112,7 +113,9 @@ def assign_replicas(plan: Plan, caps: Mapping[str, int], e_first: int, e_last: i
             continue
         n = len(p.stages)
         for hi, s in enumerate(p.stages):
-            need = s.n_layers + (e_first if hi == 0 else 0) + (e_last if hi == n - 1 else 0)
+            if hi == 0:
+                continue
+            need = s.n_layers + (e_last if hi == n - 1 else 0)
             hops.append((f"{pi}:{hi}", s, need))
             copies[f"{pi}:{hi}"] = 0
     out: dict[str, tuple[str, Stage]] = {}

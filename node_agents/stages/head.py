@@ -238,12 +238,25 @@ async def generate_over_route(host: Any, route: list[RouteStage], n_layers: int,
                            max_len=max_len, wire_dtype=wire_dtype, temperature=params.temperature,
                            top_p=params.top_p, seed=int(params.seed) % (1 << 64)) for st in route]
         local = local or {}
-        for stage, req in zip(route, opens):
+        unused = list(spares or [])
+        route = list(route)
+        for i, (stage, req) in enumerate(zip(route, opens)):
             if stage.peer_id in local:
                 links.append(await stack.enter_async_context(open_local_link(local[stage.peer_id], stage.peer_id, req)))
-            else:
+                continue
+            try:
                 links.append(await stack.enter_async_context(open_stage_link(host, stage.peer_id, req, config)))
-        unused = list(spares or [])
+            except StageError as err:  # gone before the first step: a spare of its range takes the hop
+                if not err.lost:
+                    raise
+                spare = next((c for c in unused if (c.start, c.end) == (stage.start, stage.end)
+                              and c.peer_id != stage.peer_id), None)
+                if spare is None:
+                    raise
+                unused.remove(spare)
+                links.append(await stack.enter_async_context(open_stage_link(host, spare.peer_id, req, config)))
+                stats.replays.append((i, 0, stage.peer_id))
+                route[i] = spare
 
         async def replace(i: int, err: StageError):
             want = route[i]

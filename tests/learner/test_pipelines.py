@@ -140,9 +140,11 @@ def test_assign_replicas_fits_capacity_and_spreads():
 
     plan = Plan((Pipeline((Stage("a", 0, 10), Stage("b", 10, 20), Stage("c", 20, 30)), 1.0),), spare=("x", "y", "z"))
     out = assign_replicas(plan, {"x": 12, "y": 19, "z": 3}, e_first=8, e_last=8)
-    assert out["y"][1] == Stage("a", 0, 10)  # the largest spare first: any hop fits, ties by order
-    assert out["x"][1] == Stage("b", 10, 20)  # 12 layers: only the middle hop (10) fits
-    assert "z" not in out
+    assert out["y"][1] == Stage("b", 10, 20)  # the largest spare first: both hops fit, ties by order
+    assert out["x"][1] == Stage("b", 10, 20)  # 12 layers: only the middle hop (10) fits, not 10 + 8
+    assert "z" not in out  # too small for any hop; the head's hop [0, 10) is never copied
+    out = assign_replicas(plan, {"x": 19, "y": 19}, e_first=8, e_last=8)
+    assert {out["x"][1], out["y"][1]} == {Stage("b", 10, 20), Stage("c", 20, 30)}  # spread
 
 
 def make_coord(n=3):

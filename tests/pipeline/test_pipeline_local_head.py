@@ -61,3 +61,35 @@ def test_local_first_stage_matches_whole_model_and_refuses_a_stale_version(tiny_
     assert len(errors) == 2 and not any(e.lost for e in errors)
     assert "stale adapter version: asked for 4, this stage holds 5" in str(errors[0])
     assert "wrong layer range" in str(errors[1])
+
+
+def test_a_stage_gone_before_the_first_step_is_taken_over_by_a_spare(tiny_dir, tmp_path):
+    from node_agents.backends.base import SamplingParams
+    from node_agents.backends.eog import eog_token_ids
+    from node_agents.stages.head import HeadStats, RouteStage, generate_over_route
+    from node_agents.stages.torch_stage import TorchStage
+    from swarm.pipeline.client import LinkConfig, StageError
+
+    own = TorchStage(tiny_dir, 0, 2, threads=1)
+    spare = TorchStage(tiny_dir, 2, N_LAYERS, threads=1)
+    params = SamplingParams(temperature=0.0, max_tokens=6, seed=1)
+    eog = eog_token_ids(tiny_dir)
+    gone = "12D3KooWKgAw6iPyzty22P3zECxDRnmrrQJAoYkTFWUhMktPY4gA"  # a peer nobody can dial
+    fast = LinkConfig(open_timeout_s=5.0)
+
+    async def body(head, route):
+        full = [RouteStage(head.peer_id, 0, 2), RouteStage(gone, 2, N_LAYERS)]
+        stats = HeadStats()
+        got = await generate_over_route(head, full, N_LAYERS, PROMPT, 3, params, -1, eog=eog, n_ctx=128,
+                                        stats=stats, spares=route, local={head.peer_id: own}, config=fast)
+        ref = await generate_over_route(head, [full[0]] + route, N_LAYERS, PROMPT, 3, params, -1, eog=eog,
+                                        n_ctx=128, local={head.peer_id: own})
+        with pytest.raises(StageError) as no_spare:
+            await generate_over_route(head, full, N_LAYERS, PROMPT, 3, params, -1, eog=eog, n_ctx=128,
+                                      local={head.peer_id: own}, config=fast)
+        return got, ref, stats, no_spare.value
+
+    got, ref, stats, err = run_hosts(tmp_path, [spare], body)
+    assert [c.token_ids for c in got] == [c.token_ids for c in ref]
+    assert stats.replays == [(1, 0, gone)]
+    assert err.lost
