@@ -41,6 +41,8 @@ log = logging.getLogger("echo_swarm.learner")
 
 #: Hello ``extra`` keys of a stage-capable node.
 STAGE_KEY, STAGE_MODEL_KEY = "stage", "stage_model"
+#: Bounds of a reported model geometry (decoder layers; bytes of any one tensor group).
+MAX_LAYERS, MAX_BYTES = 4096, 1 << 40
 
 
 @dataclass
@@ -84,9 +86,13 @@ def parse_stage_hello(extra: Mapping[str, str]) -> ModelSpec | None:
         names = {f.name for f in dataclasses.fields(ModelSpec)}
         if not isinstance(raw, dict) or set(raw) - names:
             raise ValueError(f"unexpected fields {sorted(set(raw) - names) if isinstance(raw, dict) else raw}")
-        return ModelSpec(**{k: (float(v) if k == "head_compute_layers" else int(v)) for k, v in raw.items()})
-    except (TypeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        spec = ModelSpec(**{k: (float(v) if k == "head_compute_layers" else int(v)) for k, v in raw.items()})
+    except (TypeError, ValueError, OverflowError) as e:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"bad stage model geometry: {e}") from e
+    sizes = (spec.layer_bytes, spec.embed_bytes, spec.head_bytes, spec.kv_bytes_per_token)
+    if spec.n_layers > MAX_LAYERS or max(sizes) > MAX_BYTES or not spec.head_compute_layers <= MAX_LAYERS:
+        raise ValueError(f"bad stage model geometry: out of range ({spec})")
+    return spec
 
 
 def pipeline_ready(stages: Sequence[Stage], pipeline_id: str, held: Mapping[str, tuple[str, int, int, int]],

@@ -255,7 +255,7 @@ class LearnerService:
 
     async def on_work(self, msg: WorkRequest, peer_id: str) -> WorkReply:
         node = self._node(peer_id)
-        if self.pipelines.is_stage(peer_id) or msg.layer_start >= 0 or msg.pipeline_id:
+        if self.pipelines.is_stage(peer_id) or node.hello.extra.get("stage") == "1":
             if not self.pipelines.is_stage(peer_id):  # dropped from the plan (lost or silent), back now
                 self.pipelines.join(peer_id, node.hello, trio.current_time())
             return await stage_work(self, msg, peer_id)

@@ -257,3 +257,10 @@ def test_demo_cap_makes_exactly_one_three_stage_pipeline(group, max_tokens):
     plan = form_pipelines(nodes, SMOL, run, ps.plan)
     assert [len(p.stages) for p in plan.pipelines] == [3]
     assert form_pipelines(nodes[:2], SMOL, run, ps.plan).pipelines == ()
+
+
+def test_geometry_out_of_range_is_refused():
+    for bad in ({"n_layers": 10**6}, {"layer_bytes": 1 << 50}, {"head_compute_layers": float("nan")},
+                {"n_layers": "many"}, {"kv_bytes_per_token": -1}):
+        with pytest.raises(ValueError, match="geometry"):
+            parse_stage_hello({"stage": "1", "stage_model": json.dumps({**asdict(SMOL), **bad})})
