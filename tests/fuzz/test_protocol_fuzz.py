@@ -79,7 +79,8 @@ def bad_input(draw):
         body = msgpack.packb(wire, use_bin_type=True)
         data = struct.pack(">IB", len(body), draw(st.integers(min_value=2, max_value=255))) + body
     else:  # a well-formed frame whose body is a list/str/int instead of a map
-        data = frame(draw(st.one_of(st.lists(leaf, max_size=4), st.text(max_size=20), st.integers())))
+        data = frame(draw(st.one_of(st.lists(leaf, max_size=4), st.text(max_size=20),
+                                    st.integers(min_value=-2**63, max_value=2**64 - 1))))  # msgpack's int range
     return target, proto, kind, data
 
 
