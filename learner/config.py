@@ -183,6 +183,28 @@ class LearnerConfig:
     dashboard: DashboardConfig = field(default_factory=lambda: DashboardConfig())
     verify: VerifyConfig = field(default_factory=lambda: VerifyConfig())
     run: RunConfig = field(default_factory=lambda: RunConfig())
+    pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig())
+
+
+@dataclass
+class PipelineConfig:
+    """Pipelines of stage nodes (``swarm-node join --max-memory``): how the learner plans them
+    (``learner/pipelines.py`` over the allocator in ``swarm/pipeline/allocate.py``)."""
+
+    #: Prompt tokens budgeted in each stage's KV cache, on top of ``train.max_tokens``.
+    prompt_tokens: int = 256
+    #: Groups a pipeline head keeps in flight at once (each holds a KV cache on every stage).
+    in_flight: int = 2
+    #: A stage node silent for this long (and holding no lease) leaves the plan (s).
+    stale_s: float = 300.0
+    #: Fraction of a node's memory cap usable for weights and KV cache.
+    usable_fraction: float = 0.9
+    #: Per-token cost of one hop between stages (s), charged in the predicted throughput.
+    hop_s: float = 0.0
+    #: A full re-plan replaces the current one only if it predicts this much more throughput.
+    min_gain: float = 0.2
+    #: Seconds between two full re-plans (the rule against thrashing).
+    cooldown_s: float = 60.0
 
 
 @dataclass

@@ -23,6 +23,7 @@ from learner.buffer import ReplayBuffer
 from learner.config import LearnerConfig
 from learner.coordinator import CompletedGroup, Coordinator, Limits
 from learner.metrics import MetricsWriter, plot_rewards, progress_line, rolling_mean
+from learner.pipelines import pipeline_settings
 from learner.dissem import start_learner_dissem
 from learner.publish import adapter_reply
 from learner.service import LearnerService, SamplingDefaults
@@ -185,6 +186,7 @@ async def run_learner(
     from learner.admission import build_admission  # who may join, per-peer caps (learner/admission.py)
 
     service.admission = build_admission(cfg.network, run_dir / "identity")
+    service.pipeline_settings = pipeline_settings(cfg.pipeline)
     if cfg.verify.enabled:  # re-score sampled rollouts under their version (learner/verify.py)
         from learner.verify import Verifier
 

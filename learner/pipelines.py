@@ -61,6 +61,13 @@ class PipelineSettings:
     plan: PlanConfig = field(default_factory=lambda: PlanConfig(cooldown_s=60.0))
 
 
+def pipeline_settings(cfg: Any) -> PipelineSettings:
+    """The planner's settings from the learner config's ``[pipeline]`` section."""
+    plan = PlanConfig(usable_fraction=cfg.usable_fraction, hop_s=cfg.hop_s, min_gain=cfg.min_gain,
+                      cooldown_s=cfg.cooldown_s)
+    return PipelineSettings(prompt_tokens=cfg.prompt_tokens, in_flight=cfg.in_flight, stale_s=cfg.stale_s, plan=plan)
+
+
 @dataclass
 class Member:
     """A node as the planner sees it, and what it last said it holds."""

@@ -51,18 +51,23 @@ def top_up(ctx) -> None:
         add_problems(ctx, missing)
 
 
-async def _wait_until(ctx, ready, describe) -> None:
-    """Wait for ``ready()``; meanwhile the last published version's dissemination is timed."""
+async def _wait_until(ctx, ready, describe, refill=None) -> None:
+    """Wait for ``ready()``; meanwhile the last published version's dissemination is timed.
+    ``refill()``, when given, runs at every change (e.g. to replace groups dropped meanwhile)."""
     watch: DissemWatch | None = getattr(ctx, "dissem_watch", None)
     async with trio.open_nursery() as nursery:
         if watch is not None:
             nursery.start_soon(watch.run, ctx.service)
-        await _wait_ready(ctx, ready, describe)
+        await _wait_ready(ctx, ready, describe, refill)
         nursery.cancel_scope.cancel()
 
 
-async def _wait_ready(ctx, ready, describe) -> None:
-    while not ready():
+async def _wait_ready(ctx, ready, describe, refill=None) -> None:
+    while True:
+        if refill is not None:
+            refill()
+        if ready():
+            return
         with trio.move_on_after(WAIT_REPORT_S) as scope:
             await ctx.service.wait_changed()
         if scope.cancelled_caught:
@@ -86,7 +91,10 @@ async def async_step(ctx) -> dict[str, Any]:
     gen0 = gen_seconds(ctx.service)
     coord, n = ctx.coord, ctx.cfg.train.prompts_per_step
     top_up(ctx)
-    await _wait_until(ctx, lambda: coord.ready() >= n, lambda: f"{coord.ready()}/{n} groups ready")
+    # groups dropped as stale on arrival leave the supply during the wait: top it up again, or
+    # a batch could wait for groups nobody is generating
+    await _wait_until(ctx, lambda: coord.ready() >= n, lambda: f"{coord.ready()}/{n} groups ready",
+                      refill=lambda: top_up(ctx))
     idle = time.perf_counter() - t0
     groups = coord.take_batch(n)
     top_up(ctx)  # nodes generate the next batches while this one trains
