@@ -177,8 +177,6 @@ class Verifier:
 
     def score(self, prompt_ids: list[int], completions: list[list[int]], version: int) -> list[Scored] | None:
         """Recompute (blocking; run in a thread). ``None`` if ``version`` is no longer the weights'."""
-        import torch
-
         with self.lock:  # the time spent waiting for a training step is not verification cost
             if version != self.weights_version:
                 return None

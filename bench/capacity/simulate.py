@@ -171,7 +171,7 @@ def simulate(workload: Workload, classes: Sequence[WorkerClass], counts: Sequenc
 
     counts_v: list[int] = [0]  # buffered groups per version
     adm = 0  # buffered admissible groups
-    waiting, wait_start = True, 0.0
+    waiting = True
     step = 0
     step_ends: list[float] = []
     lag_hist = [0] * (S + 1)
@@ -239,7 +239,7 @@ def simulate(workload: Workload, classes: Sequence[WorkerClass], counts: Sequenc
             if adm >= g:
                 begin(t)
             else:
-                waiting, wait_start = True, t
+                waiting = True
         elif kind == WAKE:
             start(j, t)
         elif kind == DOWN:

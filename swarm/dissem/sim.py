@@ -70,7 +70,6 @@ def simulate(plan: Plan, total_bytes: int, chunk_bytes: int, up_bps: dict[str, f
     for stripe, roots in enumerate(plan.roots):
         for r in roots:
             add_streams(LEARNER, r, stripe)
-    by_child = {(s.child, s.stripe): (sender, s) for sender, ss in streams.items() for s in ss}
     have: dict[str, dict[int, float]] = {p: {} for p in nodes}
     busy = {p: 0.0 for p in streams}
     rr = {p: 0 for p in streams}

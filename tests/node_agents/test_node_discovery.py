@@ -3,7 +3,6 @@ learner (also into a new run after the learner restarts) and answers run-info ab
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 import trio

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import trio
 
 from swarm.discovery.reach import candidate_addrs, dial_back
