@@ -26,6 +26,11 @@ log = logging.getLogger("echo_swarm.learner")
 
 #: How many published adapter versions are kept for nodes that are a little behind.
 KEEP_ADAPTER_VERSIONS = 4
+#: Seconds a rollout push may take to be handled. A push is acknowledged after the groups picked
+#: for verification are re-scored (``learner/verify.py``: tens of seconds per group on a busy
+#: CPU learner, several groups for a new node), so it gets more than the host's default handler
+#: deadline; a node waits ``NodeConfig.push_timeout_s`` (longer) for the ack.
+PUSH_HANDLER_TIMEOUT_S = 240.0
 
 
 class Refused(Exception):
@@ -123,7 +128,7 @@ class LearnerService:
     def register(self, host) -> None:
         host.set_handler(HELLO, Hello, self.on_hello_named)
         host.set_handler(WORK, WorkRequest, self.on_work)
-        host.set_handler(ROLLOUTS, RolloutPush, self.on_rollouts)
+        host.set_handler(ROLLOUTS, RolloutPush, self.on_rollouts, timeout_s=PUSH_HANDLER_TIMEOUT_S)
         host.set_handler(ADAPTER, AdapterRequest, self.on_adapter)
         host.set_handler(STAGE_ADAPTER, StageAdapterRequest, self.on_stage_adapter)
         host.set_handler(STAGE_REPORT, StageReport, self.on_stage_report)

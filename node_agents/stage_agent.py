@@ -296,7 +296,7 @@ class StageAgent(NodeAgent):
             return
         push = RolloutPush(lease_id=lease.lease_id, groups=ordered, gen_s=gen_s, gen_tokens=tokens,
                            backend=self.backend.name)
-        ack = await host.request(peer, ROLLOUTS, push, RolloutAck, timeout=self.cfg.request_timeout_s)
+        ack = await host.request(peer, ROLLOUTS, push, RolloutAck, timeout=self.cfg.push_timeout_s)
         self.leases_done += 1
         pushed = sum(len(r.completions) for r in ordered if r.group_id not in ack.rejections)
         self.pushed_completions += pushed

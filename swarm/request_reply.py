@@ -62,18 +62,21 @@ class RequestReply:
     # ------------------------------------------------------------------ server side
 
     def set_handler(
-        self, protocol_id: str, request_type: type[Q], handler: Callable[[Q, str], Awaitable[Message]]
+        self, protocol_id: str, request_type: type[Q], handler: Callable[[Q, str], Awaitable[Message]],
+        timeout_s: float | None = None,
     ) -> None:
         """Serve ``protocol_id``: each stream carries one ``request_type`` request and gets
-        one reply. ``handler(msg, peer_id)`` returns the reply message."""
+        one reply. ``handler(msg, peer_id)`` returns the reply message within ``timeout_s``
+        (default ``config.handler_timeout_s``)."""
         from libp2p.custom_types import TProtocol
 
         async def stream_handler(stream: Any) -> None:
-            await self._serve(stream, protocol_id, request_type, handler)
+            await self._serve(stream, protocol_id, request_type, handler, timeout_s)
 
         self.libp2p_host.set_stream_handler(TProtocol(protocol_id), stream_handler)
 
-    async def _serve(self, stream: Any, protocol_id: str, request_type: type[Message], handler: Handler) -> None:
+    async def _serve(self, stream: Any, protocol_id: str, request_type: type[Message], handler: Handler,
+                     timeout_s: float | None = None) -> None:
         cfg = self.config
         try:
             peer = stream.muxed_conn.peer_id.to_base58()
@@ -89,7 +92,7 @@ class RequestReply:
                 log.warning("reset %s stream from %s: %s: %s", protocol_id, peer, type(e).__name__, e)
                 await _cleanup(stream, reset=True)
                 return
-            envelope = await self._handle(raw, peer, protocol_id, request_type, handler)
+            envelope = await self._handle(raw, peer, protocol_id, request_type, handler, timeout_s)
             try:
                 await self._write_reply(stream, envelope)
             except FrameError as e:
@@ -103,14 +106,15 @@ class RequestReply:
             await _cleanup(stream, reset=True)
 
     async def _handle(
-        self, raw: Any, peer: str, protocol_id: str, request_type: type[Message], handler: Handler
+        self, raw: Any, peer: str, protocol_id: str, request_type: type[Message], handler: Handler,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         try:
             request = request_type.from_wire(raw)
         except WireError as e:
             log.warning("rejected %s request from %s: %s", protocol_id, peer, e)
             return _error_envelope(f"invalid request: {e}")
-        limit = self.config.handler_timeout_s
+        limit = self.config.handler_timeout_s if timeout_s is None else timeout_s
         reply: Any = None
         try:
             # move_on_after (not fail_after) so a TooSlowError raised *inside* the handler

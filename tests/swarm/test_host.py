@@ -239,6 +239,25 @@ def test_handler_timeout(tmp_path: Path) -> None:
     run(body)
 
 
+def test_a_handler_may_have_its_own_deadline(tmp_path: Path) -> None:
+    """A handler registered with ``timeout_s`` (the learner's rollout push, which re-scores
+    groups before acknowledging) outlives the host's default deadline; others keep it."""
+    async def medium(msg: Hello, peer_id: str) -> HelloAck:
+        await trio.sleep(0.8)
+        return await on_hello(msg, peer_id)
+
+    async def body() -> None:
+        async with pair(tmp_path, HostConfig(handler_timeout_s=0.3)) as (client, server, peer):
+            server.set_handler("/echo-swarm/test-long/1.0.0", Hello, medium, timeout_s=5.0)
+            server.set_handler("/echo-swarm/test-short/1.0.0", Hello, medium)
+            ack = await client.request(peer, "/echo-swarm/test-long/1.0.0", _hello(), HelloAck, timeout=5)
+            assert ack.accepted
+            with pytest.raises(RemoteError, match="timed out after 0.3"):
+                await client.request(peer, "/echo-swarm/test-short/1.0.0", _hello(), HelloAck, timeout=5)
+
+    run(body)
+
+
 def test_client_request_timeout(tmp_path: Path) -> None:
     async def body() -> None:
         async with pair(tmp_path) as (client, _server, peer):
