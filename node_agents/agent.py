@@ -226,15 +226,20 @@ class NodeAgent:
                              for c in comps],
             ))
         gen_s = time.perf_counter() - t0
+        pushed, note = await self._push(host, peer, lease, results, gen_s, tokens)
+        self.say(
+            f"v{lease.version} lease {lease.lease_id}: {len(results)} group(s), {tokens} tok in {gen_s:.1f}s "
+            f"({tokens / max(gen_s, 1e-9):.0f} tok/s), pushed {pushed} (total {self.pushed_completions}), "
+            f"{self.adapter_note}, lease #{self.leases_done}{note}"
+        )
+
+    async def _push(self, host, peer: str, lease: Lease, results: list[GroupResult], gen_s: float,
+                    tokens: int) -> tuple[int, str]:
+        """Push a lease's groups; returns the completions accepted and a note on rejections."""
         push = RolloutPush(lease_id=lease.lease_id, groups=results, gen_s=gen_s, gen_tokens=tokens,
                            backend=self.backend.name)
         ack = await host.request(peer, ROLLOUTS, push, RolloutAck, timeout=self.cfg.push_timeout_s)
         self.leases_done += 1
         pushed = sum(len(r.completions) for r in results if r.group_id not in ack.rejections)
         self.pushed_completions += pushed
-        note = f" rejected {ack.rejections}" if ack.rejections else ""
-        self.say(
-            f"v{lease.version} lease {lease.lease_id}: {len(results)} group(s), {tokens} tok in {gen_s:.1f}s "
-            f"({tokens / max(gen_s, 1e-9):.0f} tok/s), pushed {pushed} (total {self.pushed_completions}), "
-            f"{self.adapter_note}, lease #{self.leases_done}{note}"
-        )
+        return pushed, (f" rejected {ack.rejections}" if ack.rejections else "")

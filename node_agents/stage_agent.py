@@ -35,9 +35,9 @@ from node_agents.agent import LONG_POLL_GRACE_S, LearnerGone, NodeAgent
 from node_agents.backends.base import Capabilities, LoraAdapter, SamplingParams
 from swarm.errors import SwarmError
 from swarm.pipeline.allocate import ModelSpec, model_spec_from_hf_config
-from swarm.proto import ROLLOUTS, WORK
+from swarm.proto import WORK
 from swarm.proto.adapter import AdapterReply, decode_tensors
-from swarm.proto.rollouts import Completion, GroupResult, RolloutAck, RolloutPush
+from swarm.proto.rollouts import Completion, GroupResult
 from swarm.proto.stage import (STAGE_ADAPTER, STAGE_REPORT, StageAdapterRequest, StageAssignment, StageReport,
                                StageReportAck)
 from swarm.proto.work import Lease, WorkReply, WorkRequest, group_seed
@@ -294,13 +294,7 @@ class StageAgent(NodeAgent):
         ordered = [results[g.group_id] for g in lease.groups if g.group_id in results]
         if not ordered:
             return
-        push = RolloutPush(lease_id=lease.lease_id, groups=ordered, gen_s=gen_s, gen_tokens=tokens,
-                           backend=self.backend.name)
-        ack = await host.request(peer, ROLLOUTS, push, RolloutAck, timeout=self.cfg.push_timeout_s)
-        self.leases_done += 1
-        pushed = sum(len(r.completions) for r in ordered if r.group_id not in ack.rejections)
-        self.pushed_completions += pushed
-        note = f" rejected {ack.rejections}" if ack.rejections else ""
+        pushed, note = await self._push(host, peer, lease, ordered, gen_s, tokens)
         self.say(f"v{lease.version} lease {lease.lease_id} over {len(route)} stage(s): {len(ordered)} group(s), "
                  f"{tokens} tok in {gen_s:.1f}s ({tokens / max(gen_s, 1e-9):.0f} tok/s), pushed {pushed} "
                  f"(total {self.pushed_completions}){note}")
