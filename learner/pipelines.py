@@ -320,46 +320,30 @@ async def stage_work(svc: Any, msg: WorkRequest, peer_id: str) -> WorkReply:
     busy |= {le.peer_id for le in coord.expired.values() if now - le.deadline < mgr.settings.stale_s}
     mgr.sweep(now, busy=busy)
     svc.notify()  # a head waiting on this stage's version re-checks its gate
-    try:
-        with trio.move_on_after(svc.long_poll_s):
-            while True:
-                if svc.done:
-                    svc.told_done.add(peer_id)
-                    svc.notify()
-                    return WorkReply(done=True, reason="done")
-                version = svc.coordinator.version
-                update = mgr.update_for(peer_id, version)
-                if update is not None:
-                    return WorkReply(retry_after_s=0.0, reason="stage_assignment", stage=update)
-                if svc.episode is None and mgr.may_lease(peer_id, version):  # heads run single-turn groups
-                    if peer_id not in svc._waiting:
-                        svc._waiting.add(peer_id)
-                        svc.notify()
-                    if not svc._gate_closed():
-                        record = svc.coordinator.lease(peer_id, msg.max_groups, trio.current_time(),
-                                                       limit=mgr.settings.in_flight)
-                        if record is not None:
-                            svc.notify()
-                            return WorkReply(lease=svc._lease_message(record),
-                                             stage=mgr.assignment(peer_id, record.version))
-                await svc.wait_changed()
-    finally:
-        svc._waiting.discard(peer_id)
-    return WorkReply(retry_after_s=0.0, reason="no_work")
+
+    def attempt() -> WorkReply | None:
+        version = svc.coordinator.version
+        update = mgr.update_for(peer_id, version)
+        if update is not None:
+            return WorkReply(retry_after_s=0.0, reason="stage_assignment", stage=update)
+        if svc.episode is not None or not mgr.may_lease(peer_id, version):  # heads run single-turn groups
+            return None
+        if peer_id not in svc._waiting:
+            svc._waiting.add(peer_id)
+            svc.notify()
+        return svc.lease_reply(peer_id, msg.max_groups, limit=mgr.settings.in_flight,
+                               stage=lambda record: mgr.assignment(peer_id, record.version))
+
+    return await svc.long_poll(peer_id, attempt)
 
 
 def stage_adapter(svc: Any, msg: StageAdapterRequest) -> Any:
     """The adapter's tensors of layers ``[layer_start, layer_end)`` (direct fetch by a stage)."""
     from swarm.pipeline.layers import slice_for_range
 
-    if not svc.adapters:
-        raise ValueError("no adapter published yet")
     if msg.layer_end <= msg.layer_start:
         raise ValueError(f"empty layer range [{msg.layer_start}, {msg.layer_end})")
-    version = max(svc.adapters) if msg.version < 0 else msg.version
-    reply = svc.adapters.get(version)
-    if reply is None:
-        raise ValueError(f"adapter version {version} is not available (have {sorted(svc.adapters)})")
+    reply = svc.published(msg.version)
     return dataclasses.replace(reply, tensors=slice_for_range(reply.tensors, msg.layer_start, msg.layer_end))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
@@ -33,7 +33,7 @@ KEEP_ADAPTER_VERSIONS = 4
 PUSH_HANDLER_TIMEOUT_S = 240.0
 
 
-class Refused(Exception):
+class Refused(ValueError):
     """A request the learner will not serve (the peer receives the message)."""
 
 
@@ -267,6 +267,11 @@ class LearnerService:
         self._waiting.add(peer_id)
         if not self._gate_open:
             self.notify()  # waiters re-count
+        return await self.long_poll(peer_id, lambda: self.lease_reply(peer_id, msg.max_groups))
+
+    async def long_poll(self, peer_id: str, attempt: Callable[[], WorkReply | None]) -> WorkReply:
+        """Answer a work long poll: ``attempt()`` (a reply, or None to wait for the next change)
+        until the run is done or ``long_poll_s`` passes; ``peer_id`` leaves the waiters after."""
         try:
             with trio.move_on_after(self.long_poll_s):
                 while True:
@@ -274,19 +279,29 @@ class LearnerService:
                         self.told_done.add(peer_id)
                         self.notify()
                         return WorkReply(done=True, reason="done")
-                    capped = self.admission and self.admission.lease_refusal(
-                        peer_id, sum(le.peer_id == peer_id for le in self.coordinator.leases.values()))
-                    if capped:
-                        return WorkReply(retry_after_s=self.long_poll_s, reason=capped)
-                    if not self._gate_closed():
-                        record = self.coordinator.lease(peer_id, msg.max_groups, trio.current_time())
-                        if record is not None:
-                            self.notify()
-                            return WorkReply(lease=self._lease_message(record))
+                    reply = attempt()
+                    if reply is not None:
+                        return reply
                     await self.wait_changed()
         finally:
             self._waiting.discard(peer_id)
         return WorkReply(retry_after_s=0.0, reason="no_work")
+
+    def lease_reply(self, peer_id: str, max_groups: int, limit: int | None = None,
+                    stage: Callable[[Any], Any] | None = None) -> WorkReply | None:
+        """A lease for ``peer_id`` (admission caps and the sequential gate permitting), with
+        ``stage(record)`` attached for a pipeline head; None when there is nothing to lease."""
+        capped = self.admission and self.admission.lease_refusal(
+            peer_id, sum(le.peer_id == peer_id for le in self.coordinator.leases.values()))
+        if capped:
+            return WorkReply(retry_after_s=self.long_poll_s, reason=capped)
+        if self._gate_closed():
+            return None
+        record = self.coordinator.lease(peer_id, max_groups, trio.current_time(), limit=limit)
+        if record is None:
+            return None
+        self.notify()
+        return WorkReply(lease=self._lease_message(record), stage=stage(record) if stage else None)
 
     def _lease_message(self, record) -> Lease:
         s = self.sampling
@@ -334,9 +349,13 @@ class LearnerService:
 
     async def on_adapter(self, msg: AdapterRequest, peer_id: str) -> AdapterReply:
         self._node(peer_id)
+        return self.published(msg.version)
+
+    def published(self, version: int) -> AdapterReply:
+        """Published adapter ``version`` (-1: the newest); :class:`Refused` if it is not kept."""
         if not self.adapters:
             raise Refused("no adapter published yet")
-        version = max(self.adapters) if msg.version < 0 else msg.version
+        version = max(self.adapters) if version < 0 else version
         reply = self.adapters.get(version)
         if reply is None:
             raise Refused(f"adapter version {version} is not available (have {sorted(self.adapters)})")
