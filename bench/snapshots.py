@@ -117,7 +117,7 @@ def eval_adapters(cfg, n: int, adapters: list[tuple[str, Path | None]], threads:
             backend.set_adapter(load_peft_adapter(adapter_dir, version=i + 1) if adapter_dir is not None else None)
             results[label] = r = evaluate(task, tokenizer, generate, n, max_context_tokens=2048 - max_tokens,
                                           label=label)
-            print(f"convergence: eval {label}: {r.correct}/{r.n} = {r.accuracy:.3f} "
+            print(f"held-out eval {label}: {r.correct}/{r.n} = {r.accuracy:.3f} "
                   f"[{r.ci_low:.3f}, {r.ci_high:.3f}] in {r.seconds:.0f}s", flush=True)
     return results
 

@@ -8,9 +8,10 @@ One command, one machine, one arm after the other:
    (``bench/trl_baseline.py``), its wall-clock capped at ``--trl-cap-factor`` times the
    swarm's time to the target (at least the swarm's whole run, so an equal-time adapter
    exists), or at ``--trl-max-s``, and never past ``--trl-end-by``;
-3. ``swarm-learner eval`` (``learner.eval.run_eval``: llama.cpp, greedy) of the swarm's final
-   adapter, TRL's adapter at the swarm's wall-clock and TRL's final adapter on the same
-   ``--eval-n`` held-out problems.
+3. held-out evaluation as ``swarm-learner eval`` does it (llama.cpp, greedy,
+   ``bench.snapshots.eval_parallel``: ``--eval-workers`` single-threaded processes side by
+   side) of the base model (once), the swarm's final adapter, TRL's adapter at the swarm's
+   wall-clock and TRL's final adapter on the same ``--eval-n`` held-out problems.
 
 Reported (printed as a markdown table, written to ``tta.json`` / ``tta.md`` in ``--out``):
 wall-clock and samples to the first rolling-5 mean reward >= ``--target`` for each arm, and
@@ -48,6 +49,8 @@ def add_trl_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-n", type=int, default=200, help="held-out problems per evaluation (0 = skip)")
     g.add_argument("--no-eval-trl-final", action="store_true",
                    help="score only TRL's equal-time adapter, not also its final one")
+    g.add_argument("--eval-workers", type=int, default=2,
+                   help="held-out evaluations side by side (processes, 1 llama.cpp thread each); 1 = one after another")
 
 
 # -- pure decisions ------------------------------------------------------------------------------
@@ -152,7 +155,7 @@ def run_vs_trl(args) -> int:
     from learner.cli import validate
     from learner.config import LearnerConfig
     from learner.demo import run_demo
-    from learner.eval import run_eval
+    from bench.snapshots import eval_parallel
     from learner.metrics import read_metrics
     from learner.models import resolve_model
     from swarm.config import load_config
@@ -180,12 +183,16 @@ def run_vs_trl(args) -> int:
     trl = arm_figures(read_metrics(out / "trl" / "metrics.jsonl"), args.target)
     equal_s = json.loads((out / "trl" / EQUAL_ADAPTER / "wall_s.json").read_text())["wall_s"]
     evals: dict[str, dict] = {}
-    if args.eval_n > 0:
-        arms = [("swarm", out / "swarm" / "adapter"), ("trl-equal", out / "trl" / EQUAL_ADAPTER)]
-        for label, adapter in arms + ([] if args.no_eval_trl_final else [("trl-final", out / "trl" / FINAL_ADAPTER)]):
-            base, scored = run_eval(cfg, args.eval_n, adapter, json_out=out / f"eval-{label}.json")
-            evals.setdefault("base", {**asdict(base), "accuracy": base.accuracy})
-            evals[label] = {**asdict(scored), "accuracy": scored.accuracy}
+    if args.eval_n > 0:  # the base model once, then each adapter; side by side on the cores
+        arms = [("base", None), ("swarm", out / "swarm" / "adapter"), ("trl-equal", out / "trl" / EQUAL_ADAPTER)]
+        arms += [] if args.no_eval_trl_final else [("trl-final", out / "trl" / FINAL_ADAPTER)]
+        print(f"time to accuracy: held-out evaluation of {', '.join(a for a, _ in arms)} on {args.eval_n} problems "
+              f"({max(1, args.eval_workers)} at a time)", flush=True)
+        scored = eval_parallel(cfg, args.eval_n, arms, workers=args.eval_workers)
+        for label, adapter in arms:
+            r = scored[label]
+            evals[label] = {**asdict(r), "accuracy": r.accuracy}
+            (out / f"eval-{label}.json").write_text(json.dumps({"adapter": str(adapter or ""), **evals[label]}, indent=1))
     speed = speed_verdict(swarm, trl, args.target)
     accuracy = accuracy_verdict(evals.get("swarm"), evals.get("trl-equal"))
     table, goal = markdown_table(swarm, trl, evals, args.target, equal_s), goal_line(speed, accuracy)
