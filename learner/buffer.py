@@ -14,10 +14,14 @@ version the next batch trains; a group made with adapter version ``v`` has stale
 - **Bounded memory / eviction:** at most ``capacity`` groups are held. When a new group would
   exceed it, the group with the oldest version (ties: the earliest arrival) is evicted
   (reason ``evicted``): it is the one closest to expiring and the least on-policy.
+- **Groups awaiting verification** stay in the buffer (they count toward ``capacity``, expire
+  and may be evicted like any other) but :meth:`ReplayBuffer.ready` and
+  :meth:`ReplayBuffer.take` pass over the ids in ``skip`` (the coordinator's held groups).
 """
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,14 +78,17 @@ class ReplayBuffer:
             del self.groups[g]
         return {g: STALE for g in gone}
 
-    def ready(self, current_version: int) -> int:
-        """Groups a batch at ``current_version`` could use now."""
-        return sum(admissible(current_version, c.result.version, self.max_staleness) for c in self.groups.values())
+    def ready(self, current_version: int, skip: Container[str] = ()) -> int:
+        """Groups a batch at ``current_version`` could use now (those in ``skip`` are not counted)."""
+        return sum(admissible(current_version, c.result.version, self.max_staleness)
+                   for g, c in self.groups.items() if g not in skip)
 
-    def take(self, n: int, current_version: int) -> tuple[list[tuple[str, Any]], dict[str, str]]:
-        """Up to ``n`` admissible groups, oldest first, removed from the buffer; plus the groups
-        dropped as stale on the way."""
+    def take(self, n: int, current_version: int,
+             skip: Container[str] = ()) -> tuple[list[tuple[str, Any]], dict[str, str]]:
+        """Up to ``n`` admissible groups not in ``skip``, oldest first, removed from the buffer;
+        plus the groups dropped as stale on the way."""
         dropped = self.expire(current_version)
-        order = sorted(self.groups, key=lambda g: self.groups[g].result.version)  # stable: arrival order
+        order = sorted((g for g in self.groups if g not in skip),
+                       key=lambda g: self.groups[g].result.version)  # stable: arrival order
         taken = [(g, self.groups.pop(g)) for g in order[:max(0, n)]]
         return taken, dropped

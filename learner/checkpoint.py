@@ -3,8 +3,8 @@
 ``checkpoints/latest`` names the newest complete one.
 
 Resume rewinds the run exactly to the checkpoint: ``open_groups.json`` beside ``loop.json``
-lists the problems that were handed out but not trained when it was written (pending, leased
-or waiting in the async replay buffer); they are issued again first, so none is lost or
+lists the problems that were handed out but not trained when it was written (pending, leased,
+held for verification or waiting in the async replay buffer); they are issued again first, so none is lost or
 trained twice. ``metrics.jsonl`` is cut back to the checkpoint's step (see
 :class:`learner.metrics.MetricsWriter`). ``<run_dir>/run.json`` keeps the run id across
 restarts; nodes are told ``<run_id>~<n>`` after the n-th resume, because the adapter versions
@@ -74,7 +74,8 @@ def load_open_problems(run_dir: Path) -> list[str]:
 
 def open_problem_refs(coord) -> list[str]:
     """The problems of every group not yet trained or dropped, in the order they were added."""
-    return [coord.specs[g].problem_ref for g, st in coord.ledger.items() if st in ("pending", "leased", "completed")]
+    return [coord.specs[g].problem_ref for g, st in coord.ledger.items()
+            if st in ("pending", "leased", "held", "completed")]
 
 
 def run_identity(run_dir: Path, resume: bool, fresh_id: str) -> tuple[str, str]:

@@ -4,13 +4,20 @@ No I/O and no clocks: every call takes ``now`` (seconds, any monotonic origin), 
 rules are unit-testable and the network service around it stays thin.
 
 Every prompt group is accounted for in :attr:`Coordinator.ledger` with one state:
-``pending`` (waiting for a node), ``leased``, ``completed`` (rollouts held, not yet
-trained), ``trained``, or ``dropped:<reason>``. A group is trained at most once; a lease
+``pending`` (waiting for a node), ``leased``, ``held`` (rollouts received and acknowledged,
+waiting for the verification of their push: not handed to training), ``completed`` (rollouts
+kept, not yet trained), ``trained``, or ``dropped:<reason>``. A group is trained at most once; a lease
 that expires puts its unfinished groups back at the front of the queue, and a late result
 for a group that nobody else has completed yet is still accepted, so no work is lost.
 A group whose result is rejected on its merits (malformed, failed verification) goes back to
 the front of the queue at once, so one node's bad push never stalls a step; the rejection is
 counted in :attr:`Coordinator.rejections`.
+
+Holds (:meth:`Coordinator.hold`): the accepted groups of a push whose sampled groups are being
+re-scored (``learner/verify_queue.py``) are ``held`` under one hold id; :meth:`Coordinator.release`
+makes them ``completed`` (trainable), :meth:`Coordinator.revoke_peer` (the peer failed) and
+:meth:`Coordinator.discard_hold` (the check could not run) throw them away and make them
+``pending`` again. ``take``, ``take_batch``, ``ready`` and ``completed_ids`` never see a held group.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from learner.buffer import ReplayBuffer
 from swarm.proto.rollouts import Completion, GroupResult
 from tasks.episode_tokens import mask_runs
 
-PENDING, LEASED, COMPLETED, TRAINED = "pending", "leased", "completed", "trained"
+PENDING, LEASED, HELD, COMPLETED, TRAINED = "pending", "leased", "held", "completed", "trained"
 #: How many expired leases are remembered for late pushes.
 MAX_EXPIRED_LEASES = 10_000
 
@@ -162,6 +169,10 @@ class Coordinator:
         self.failovers: Counter[str] = Counter()
         #: ... and, per group, the paths it took (the ledger's notes beside its state).
         self.notes: dict[str, list[str]] = {}
+        #: Pushes waiting for verification: hold id -> its groups still ``held`` ...
+        self.holds: dict[str, list[str]] = {}
+        #: ... and each held group's hold id.
+        self.held: dict[str, str] = {}
         self._ids = itertools.count()
 
     # -- adding work ---------------------------------------------------------------------
@@ -179,8 +190,8 @@ class Coordinator:
             self._record_drops(self.buffer.expire(version))
 
     def in_flight(self) -> int:
-        """Groups added but not yet trained or dropped (pending, leased or completed)."""
-        return sum(state in (PENDING, LEASED, COMPLETED) for state in self.ledger.values())
+        """Groups added but not yet trained or dropped (pending, leased, held or completed)."""
+        return sum(state in (PENDING, LEASED, HELD, COMPLETED) for state in self.ledger.values())
 
     # -- leases ----------------------------------------------------------------------------
     def lease(self, peer_id: str, max_groups: int, now: float, limit: int | None = None) -> LeaseRecord | None:
@@ -321,20 +332,70 @@ class Coordinator:
 
     def revoke_peer(self, peer_id: str, reason: str) -> list[str]:
         """``peer_id`` is untrusted: its leases are revoked and every result of its that is not
-        yet trained is thrown away (counted as dropped for ``reason``); all those groups are
-        pending again for other peers. Returns the re-issued group ids."""
+        yet trained (completed or held) is thrown away (counted as dropped for ``reason``); all
+        those groups are pending again for other peers. Returns the re-issued group ids."""
         back = self.release_peer(peer_id)
         for gid, group in list(self.completed.items()):
-            if group.peer_id == peer_id and self.ledger.get(gid) == COMPLETED:
-                self.completed.pop(gid)
-                self.drop_counts[reason] += 1
-                self.discarded[reason] += 1
-                self.ledger[gid] = PENDING
-                self.queue.appendleft(gid)
+            if group.peer_id == peer_id and self.ledger.get(gid) in (COMPLETED, HELD):
+                self._discard(gid, reason)
                 back.append(gid)
         for gid in back:
             self.refused_by.setdefault(gid, set()).add(peer_id)
         return back
+
+    # -- holds (verification after the ack) ------------------------------------------------
+    def hold(self, group_ids: list[str], into: str | None = None) -> str | None:
+        """Keep the completed ``group_ids`` (one push's accepted groups) from training until
+        :meth:`release`: under a new hold, or added to hold ``into`` while it still holds
+        groups. Returns the hold id, or ``None`` if none of them is completed."""
+        gids = [g for g in group_ids if self.ledger.get(g) == COMPLETED and g not in self.held]
+        if not gids:
+            return None
+        hold_id = into if into is not None and self.holds.get(into) else f"H{next(self._ids)}"
+        for gid in gids:
+            self.ledger[gid] = HELD
+            self.held[gid] = hold_id
+        self.holds.setdefault(hold_id, []).extend(gids)
+        return hold_id
+
+    def holding(self, hold_id: str) -> list[str]:
+        """The groups still held under ``hold_id`` (none once released, revoked or dropped)."""
+        return list(self.holds.get(hold_id, ()))
+
+    def release(self, hold_id: str) -> list[str]:
+        """The hold's push passed verification: its groups still held become completed
+        (trainable). Returns them."""
+        gids = self.holds.pop(hold_id, [])
+        for gid in gids:
+            del self.held[gid]
+            self.ledger[gid] = COMPLETED
+        return gids
+
+    def discard_hold(self, hold_id: str, reason: str) -> list[str]:
+        """The hold's push could not be verified: its groups still held are thrown away
+        (counted as dropped for ``reason``) and pending again at the front of the queue, for
+        any peer. Returns them."""
+        gids = self.holding(hold_id)
+        for gid in reversed(gids):
+            self._discard(gid, reason)
+        return gids
+
+    def _discard(self, gid: str, reason: str) -> None:
+        """Throw away the untrained result of ``gid`` (completed or held): pending again."""
+        self._unhold(gid)
+        self.completed.pop(gid, None)
+        self.drop_counts[reason] += 1
+        self.discarded[reason] += 1
+        self.ledger[gid] = PENDING
+        self.queue.appendleft(gid)
+
+    def _unhold(self, gid: str) -> None:
+        hold_id = self.held.pop(gid, None)
+        rest = self.holds.get(hold_id) if hold_id is not None else None
+        if rest is not None:
+            rest.remove(gid)
+            if not rest:
+                del self.holds[hold_id]
 
     def _requeue_rejected(self, gid: str, lease: LeaseRecord | None, peer_id: str, reason: str) -> None:
         """A result refused on its merits: its group goes back to pending at once (front of
@@ -355,7 +416,7 @@ class Coordinator:
         if lease.peer_id != peer_id:
             return "lease_of_another_peer"
         state = self.ledger.get(r.group_id)
-        if state in (COMPLETED, TRAINED):
+        if state in (HELD, COMPLETED, TRAINED):
             return "already_completed"
         if state is None or state.startswith("dropped"):
             return f"group_not_open ({state})"
@@ -366,10 +427,12 @@ class Coordinator:
 
     # -- batches ---------------------------------------------------------------------------
     def completed_ids(self, version: int | None = None) -> list[str]:
-        return [g for g, c in self.completed.items() if version is None or c.result.version == version]
+        """Completed (not held) groups, of ``version`` if given."""
+        return [g for g, c in self.completed.items()
+                if g not in self.held and (version is None or c.result.version == version)]
 
     def take(self, group_ids: list[str]) -> list[CompletedGroup]:
-        """Hand completed groups to the trainer; each can be taken once."""
+        """Hand completed groups to the trainer; each can be taken once (a held one cannot)."""
         out = []
         for gid in group_ids:
             if self.ledger.get(gid) != COMPLETED:
@@ -383,17 +446,17 @@ class Coordinator:
         first (see :class:`~learner.buffer.ReplayBuffer`); stale ones are dropped on the way."""
         if self.buffer is None:
             raise ValueError("take_batch needs a replay buffer (asynchronous mode)")
-        taken, drops = self.buffer.take(n, self.version)
+        taken, drops = self.buffer.take(n, self.version, skip=self.held)
         self._record_drops(drops)
         for gid, _ in taken:
             self.ledger[gid] = TRAINED
         return [g for _, g in taken]
 
     def ready(self) -> int:
-        """Completed groups that the current version may train on."""
+        """Completed (not held) groups that the current version may train on."""
         if self.buffer is None:
-            return len(self.completed)
-        return self.buffer.ready(self.version)
+            return sum(g not in self.held for g in self.completed)
+        return self.buffer.ready(self.version, skip=self.held)
 
     def drop(self, group_id: str, reason: str) -> None:
         self.completed.pop(group_id, None)
@@ -401,6 +464,7 @@ class Coordinator:
 
     def _record_drops(self, drops: dict[str, str]) -> None:
         for gid, reason in drops.items():
+            self._unhold(gid)
             self.ledger[gid] = f"dropped:{reason}"
             self.drop_counts[reason] += 1
 
