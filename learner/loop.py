@@ -203,6 +203,7 @@ async def run_learner(
             on_service(service)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(service.expiry_loop)
+            nursery.start_soon(service.verify_loop)  # re-scores held pushes after their ack
             service.dissem = await start_learner_dissem(nursery, host, cfg.dissem, service)
             from learner.model_serve import start_model_serve  # the base model, by content hash
             from node_agents.model_cache import cache_root

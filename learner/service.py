@@ -15,6 +15,7 @@ import trio
 
 from learner.coordinator import Coordinator
 from learner.pipelines import PipelineManager, on_stage_report, stage_adapter, stage_work
+from learner.verify_queue import CheckQueue, hold_for_check, run_checks
 from swarm.proto import ADAPTER, HELLO, ROLLOUTS, WORK
 from swarm.proto.adapter import AdapterReply, AdapterRequest
 from swarm.proto.hello import Hello, HelloAck
@@ -26,11 +27,11 @@ log = logging.getLogger("echo_swarm.learner")
 
 #: How many published adapter versions are kept for nodes that are a little behind.
 KEEP_ADAPTER_VERSIONS = 4
-#: Seconds a rollout push may take to be handled. A push is acknowledged after the groups picked
-#: for verification are re-scored (``learner/verify.py``: tens of seconds per group on a busy
-#: CPU learner, several groups for a new node), so it gets more than the host's default handler
-#: deadline; a node waits ``NodeConfig.push_timeout_s`` (longer) for the ack.
-PUSH_HANDLER_TIMEOUT_S = 240.0
+#: Seconds a rollout push may take to be handled. The handler only validates and records the
+#: push (verification runs after the ack, ``learner/verify_queue.py``), but a push is the
+#: largest request a node sends, so it gets twice the host's default handler deadline; a node
+#: waits ``NodeConfig.push_timeout_s`` (longer) for the ack.
+PUSH_HANDLER_TIMEOUT_S = 60.0
 
 
 class Refused(ValueError):
@@ -89,7 +90,8 @@ class LearnerService:
     episode: Any = None
     #: Who may join and how much each peer may ask (``learner.admission.Admission``); None = anyone, no caps.
     admission: Any = None
-    #: Rollout verification (``learner.verify.Verifier``); None = pushes are not re-scored.
+    #: Rollout verification (``learner.verify.Verifier``); None = pushes are not re-scored. Picked
+    #: pushes are held and re-scored after their ack by :meth:`verify_loop`, which must run.
     verifier: Any = None
     #: The run's name (``learner.identity.run_name``): in every hello ack; a node that asked
     #: for another run (``--run``) is refused. Empty = no check.
@@ -109,6 +111,8 @@ class LearnerService:
         self._gate_open = False
         self._gate_version = 0
         self._gate_deadline: float | None = None
+        #: Held pushes waiting for verification (``learner/verify_queue.py``).
+        self.checks = CheckQueue()
         if self.pipelines is None:
             self.pipelines = PipelineManager(self.group_size, self.sampling.max_tokens, self.pipeline_settings)
         self.pipelines.on_plan = self._plan_changed
@@ -153,6 +157,7 @@ class LearnerService:
 
     def finish(self) -> None:
         self.done = True
+        self.checks.close()  # the run needs no more verification; held groups stay untrained
         self.notify()
 
     async def wait_nodes_told(self, active_within_s: float, timeout_s: float) -> None:
@@ -174,6 +179,11 @@ class LearnerService:
             "rejected_groups": n.rejected_groups, "gen_s": round(n.gen_s, 3), "gen_tokens": n.gen_tokens,
         } for p, n in self.nodes.items()}, "pipelines": self.pipelines.summary(),
             "pipeline_plans": self.pipelines.history[-50:], "failovers": dict(self.coordinator.failovers)}
+
+    def credit(self, peer_id: str, completions: int) -> None:
+        """Count ``completions`` of ``peer_id`` as accepted (a push, or a held push once verified)."""
+        if completions:
+            self.contributions[peer_id] = self.contributions.get(peer_id, 0) + completions
 
     def take_contributions(self) -> dict[str, int]:
         out, self.contributions = self.contributions, {}
@@ -326,21 +336,19 @@ class LearnerService:
             log.warning("refused a push of %d group(s) from %s: %s", len(rejected), short(peer_id), refusal)
             self.notify()
             return RolloutAck(accepted_groups=0, rejected_groups=len(rejected), rejections=rejected)
-        from learner.verify import screen_push  # re-score sampled groups; untrust a cheating node
-
-        unverified = await screen_push(self, peer_id, msg)
-        if unverified:
-            return RolloutAck(accepted_groups=0, rejected_groups=len(unverified), rejections=unverified)
         accepted, rejected = self.coordinator.submit(peer_id, msg.lease_id, msg.groups, trio.current_time())
         by_id = {g.group_id: g for g in msg.groups}
+        # picked for re-scoring: the push's groups are held until verify_loop has checked them
+        # (a failure untrusts the peer and re-issues them); the ack does not wait for it
+        held = hold_for_check(self, peer_id, accepted, by_id)
         n_completions = sum(len(by_id[g].completions) for g in accepted)
         node.groups_pushed += len(accepted)
         node.completions_pushed += n_completions
         node.rejected_groups += len(rejected)
         node.gen_tokens += msg.gen_tokens
         node.gen_s += msg.gen_s
-        if accepted:
-            self.contributions[peer_id] = self.contributions.get(peer_id, 0) + n_completions
+        if held is None:
+            self.credit(peer_id, n_completions)
         for gid, reason in rejected.items():
             back = " (pending again)" if self.coordinator.ledger.get(gid) == "pending" else ""
             log.warning("rejected group %s from %s: %s%s", gid, short(peer_id), reason, back)
@@ -371,6 +379,10 @@ class LearnerService:
     async def on_stage_report(self, msg: StageReport, peer_id: str):
         self._node(peer_id)
         return on_stage_report(self, msg, peer_id)
+
+    async def verify_loop(self) -> None:
+        """Re-score held pushes after their ack (``learner/verify_queue.py``) until the run is done."""
+        await run_checks(self)
 
     async def expiry_loop(self) -> None:
         """Re-issue the groups of leases whose deadline passed (a node died or froze)."""

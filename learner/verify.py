@@ -28,6 +28,9 @@ as ``verify_skipped``. A node that fails is untrusted for the rest of the run: i
 revoked, its untrained groups are dropped (``unverified``) and re-issued to others, and it is
 refused at every later request (:mod:`learner.admission`).
 
+When: after the push is acknowledged. The push's groups are held (never trained) until its
+picked groups are checked by the service's background worker (:mod:`learner.verify_queue`).
+
 Thresholds and their measurement: ``docs/security.md`` and ``bench/verify_calib.py``.
 """
 
@@ -265,37 +268,10 @@ class Verifier:
         return out
 
 
-async def screen_push(service, peer_id: str, msg) -> dict[str, str] | None:
-    """Verify the sampled groups of a push before the coordinator sees it. On failure the peer is
-    untrusted from now on (leases revoked, untrained groups re-issued) and every group of the
-    push is refused; returns the rejections for the ack, or ``None`` if the push may proceed."""
-    import trio
-
-    from learner.coordinator import validate_group
-
-    v: Verifier | None = getattr(service, "verifier", None)
-    coord = service.coordinator
-    if v is None or not msg.groups:
-        return None
-    lease = coord.leases.get(msg.lease_id) or coord.expired.get(msg.lease_id)
-    if lease is None or lease.peer_id != peer_id:
-        return None  # the coordinator refuses it anyway
-    backend = service.nodes[peer_id].hello.backend if peer_id in service.nodes else ""
-    for g in msg.groups:
-        spec = coord.specs.get(g.group_id)
-        if spec is None or validate_group(g, lease, coord.limits) is not None or not v.pick(peer_id):
-            continue
-        reason = await trio.to_thread.run_sync(v.check_group, peer_id, backend, spec.prompt_ids, g)
-        if reason is not None:
-            why = f"unverified: group {g.group_id}: {reason}"
-            untrust(service, peer_id, why)
-            return {x.group_id: why for x in msg.groups}
-    return None
-
-
 def untrust(service, peer_id: str, reason: str) -> None:
     """Mark ``peer_id`` untrusted for the run: refused at join, leases revoked, its untrained
-    groups dropped (``unverified``) and pending again for other nodes."""
+    groups (completed or held for verification) dropped (``unverified``) and pending again for
+    other nodes."""
     if service.admission is not None:
         service.admission.mark_untrusted(peer_id, reason)
     back = service.coordinator.revoke_peer(peer_id, "unverified")

@@ -1,0 +1,170 @@
+"""Verification after the ack: a rollout push is acknowledged as soon as the coordinator has
+accepted it, and the groups picked for re-scoring (:meth:`learner.verify.Verifier.pick`) are
+checked afterwards by one background worker, so a node never waits for the learner's scoring
+before it takes new work.
+
+- **Hold.** When any group of a push is picked, every group the coordinator accepted from that
+  push is *held* (ledger state ``held``, :meth:`learner.coordinator.Coordinator.hold`): done for
+  the node, never handed to training. A push with no picked group is not held, unless the same
+  peer still has a push waiting for its check: then its groups join that push's hold and are
+  released with it (a node's later groups are never trained before its earlier picked groups
+  have passed, as when the node had to wait for its ack).
+- **Pass.** When every picked group of the push passes (or is skipped because its version is no
+  longer the learner's weights), the push's groups still held are released to training and the
+  service is notified, so a step waiting for its batch wakes.
+- **Fail.** The peer is untrusted (:func:`learner.verify.untrust`): its leases are revoked and
+  all its untrained groups, held ones included, are dropped (``unverified``) and pending again
+  for other nodes. None of the push is trained.
+- **Error.** If the check itself raises, the push's held groups are dropped (``verify_error``)
+  and pending again for any node; the peer is not blamed.
+
+Bounded: the queue has one entry per held push and each holds at least one of the
+coordinator's groups in flight (a step's groups in sequential mode, at most
+``sync.max_inflight_groups`` in async mode), so it never grows past that. Entries whose groups
+were all revoked or dropped meanwhile are passed over unchecked.
+
+Cancellable: the worker stops when the run is done (:meth:`CheckQueue.close`, called by
+``LearnerService.finish``) or its nursery is cancelled; a check in progress is abandoned (its
+worker thread finishes scoring that one group on its own), so the end of a run never waits for
+verification. Groups still held then are untrained: they stay ``held`` in the ledger and are
+re-issued on resume like any open group.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+log = logging.getLogger("echo_swarm.learner")
+
+
+@dataclass
+class PendingCheck:
+    """One held push waiting for its picked groups to be re-scored."""
+
+    hold_id: str
+    peer_id: str
+    #: The generation backend the peer announced (selects the claims threshold).
+    backend: str
+    #: The picked groups, in push order: (group id, prompt token ids, the pushed ``GroupResult``).
+    picked: list[tuple[str, list[int], Any]]
+    #: Completions per held group, credited to the peer's contribution when released.
+    completions: dict[str, int] = field(default_factory=dict)
+
+
+def picked_groups(accepted: list[str], pick) -> list[str]:
+    """The accepted groups chosen for verification, in order: ``pick()`` is asked once per
+    group (it counts the peer's groups and spends the per-step budget)."""
+    return [gid for gid in accepted if pick()]
+
+
+class CheckQueue:
+    """Held pushes in arrival order; drained by :func:`run_checks`."""
+
+    def __init__(self) -> None:
+        self._items: deque[PendingCheck] = deque()
+        self._added = trio.Event()
+        self.closed = False
+        self._scope: trio.CancelScope | None = None
+        #: Per peer, its newest check not yet finished (queued or in progress).
+        self.last: dict[str, PendingCheck] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: PendingCheck) -> None:
+        if self.closed:
+            return
+        self._items.append(item)
+        self.last[item.peer_id] = item
+        self._added.set()
+
+    async def get(self) -> PendingCheck:
+        while not self._items:
+            self._added = trio.Event()
+            await self._added.wait()
+        return self._items.popleft()
+
+    def close(self) -> None:
+        """No more checks: drop what waits and cancel the worker (and a check in progress)."""
+        self.closed = True
+        self._items.clear()
+        self.last.clear()
+        if self._scope is not None:
+            self._scope.cancel()
+
+
+def hold_for_check(service, peer_id: str, accepted: list[str], results: dict[str, Any]) -> str | None:
+    """Right after ``coordinator.submit`` accepted ``accepted`` from ``peer_id``: pick the groups
+    to verify; if any, hold all of ``accepted`` and queue the check; if none, but the peer has a
+    check outstanding, add them to its hold. Returns the hold id, or ``None`` when the groups
+    are trainable at once."""
+    v, coord, queue = service.verifier, service.coordinator, service.checks
+    if v is None or not accepted:
+        return None
+    picked = picked_groups(accepted, lambda: v.pick(peer_id))
+    sizes = {gid: len(results[gid].completions) for gid in accepted}
+    if not picked:
+        earlier = queue.last.get(peer_id)
+        if earlier is None or not coord.holding(earlier.hold_id):
+            return None
+        hold_id = coord.hold(accepted, into=earlier.hold_id)
+        if hold_id is not None:
+            earlier.completions.update(sizes)
+        return hold_id
+    hold_id = coord.hold(accepted)
+    if hold_id is None:
+        return None
+    node = service.nodes.get(peer_id)
+    backend = node.hello.backend if node is not None else ""
+    queue.put(PendingCheck(hold_id, peer_id, backend,
+                           picked=[(gid, coord.specs[gid].prompt_ids, results[gid]) for gid in picked],
+                           completions=sizes))
+    return hold_id
+
+
+async def run_checks(service) -> None:
+    """The worker: check each held push in turn until :meth:`CheckQueue.close` or cancellation."""
+    queue: CheckQueue = service.checks
+    with trio.CancelScope() as scope:
+        queue._scope = scope
+        if queue.closed:
+            return
+        while True:
+            item = await queue.get()
+            try:
+                await check_push(service, item)
+            finally:
+                if queue.last.get(item.peer_id) is item:
+                    del queue.last[item.peer_id]
+
+
+async def check_push(service, item: PendingCheck) -> None:
+    """Re-score ``item``'s picked groups one by one (in a worker thread); release, untrust or
+    discard its hold (see the module docstring)."""
+    from learner.verify import untrust
+
+    coord, v = service.coordinator, service.verifier
+    for gid, prompt_ids, result in item.picked:
+        if not coord.holding(item.hold_id):
+            return  # revoked or dropped meanwhile: nothing of this push is left to train
+        try:
+            reason = await trio.to_thread.run_sync(v.check_group, item.peer_id, item.backend, prompt_ids, result,
+                                                   abandon_on_cancel=True)
+        except Exception:
+            back = coord.discard_hold(item.hold_id, "verify_error")
+            log.exception("could not verify group %s of %s; %d held group(s) re-issued",
+                          gid, item.peer_id[-6:], len(back))
+            service.notify()
+            return
+        if reason is not None:
+            untrust(service, item.peer_id, f"unverified: group {gid}: {reason}")
+            return
+    released = coord.release(item.hold_id)
+    if released:
+        service.credit(item.peer_id, sum(item.completions.get(g, 0) for g in released))
+        service.notify()
