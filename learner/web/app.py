@@ -72,7 +72,7 @@ class SnapshotCollector:
         samples.add_metric([], float(st["samples"]))
         yield samples
         groups = GaugeMetricFamily("echo_swarm_groups", "Prompt groups per ledger state", labels=["state"])
-        for state in ("pending", "leased", "completed", "trained"):
+        for state in ("pending", "leased", "held", "completed", "trained"):
             groups.add_metric([state], float(ledger[state]))
         for reason, n in ledger["dropped"].items():
             groups.add_metric([f"dropped:{reason}"], float(n))

@@ -128,7 +128,8 @@ def nodes_html(nodes: list[dict]) -> str:
 
 
 def ledger_html(ledger: dict) -> str:
-    cells = [("pending", ledger["pending"]), ("leased", ledger["leased"]), ("completed (buffered)", ledger["completed"]),
+    cells = [("pending", ledger["pending"]), ("leased", ledger["leased"]), ("held (verifying)", ledger["held"]),
+             ("completed (buffered)", ledger["completed"]),
              ("trained", ledger["trained"]), ("dropped", ledger["dropped_total"]), ("total", ledger["total"])]
     row = "".join(f"<td>{v}</td>" for _, v in cells)
     head = "".join(f"<th>{k}</th>" for k, _ in cells)

@@ -190,7 +190,7 @@ def dissem_view(dissem) -> dict:
 def ledger_from_counts(counts: dict[str, int], active_leases: int = 0) -> dict:
     """Groups per ledger state (``Coordinator.counts()`` or ``ledger.json``), drops split by reason."""
     dropped = {k.split(":", 1)[1]: v for k, v in counts.items() if k.startswith("dropped:")}
-    out: dict[str, Any] = {s: counts.get(s, 0) for s in ("pending", "leased", "completed", "trained")}
+    out: dict[str, Any] = {s: counts.get(s, 0) for s in ("pending", "leased", "held", "completed", "trained")}
     out["dropped"] = dict(sorted(dropped.items()))
     out["dropped_total"] = sum(dropped.values())
     out["total"] = sum(counts.values())
