@@ -82,9 +82,9 @@ def test_dissem_view_delivery_times_and_tree():
 
 
 def test_ledger_from_counts():
-    out = ledger_from_counts({"trained": 8, "dropped:stale": 2, "dropped:bad_logprob": 1, "pending": 3})
+    out = ledger_from_counts({"trained": 8, "dropped:stale": 2, "dropped:bad_logprob": 1, "pending": 3, "held": 2})
     assert out["dropped"] == {"bad_logprob": 1, "stale": 2} and out["dropped_total"] == 3
-    assert out["total"] == 14 and out["leased"] == 0
+    assert out["total"] == 16 and out["leased"] == 0 and out["held"] == 2
 
 
 def test_incremental_steps_view_equals_the_full_one():
