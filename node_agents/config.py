@@ -58,11 +58,12 @@ class NodeConfig:
     max_groups: int = 1
     #: Seconds allowed for one request to the learner (long polls get this on top).
     request_timeout_s: float = 60.0
-    #: Seconds allowed for a rollout push to be acknowledged. The learner acknowledges a push
-    #: after re-scoring the groups it picks for verification (``learner/verify.py``), which on
-    #: a busy learner can take longer than an ordinary request; a push that times out is
-    #: re-leased to another node, so its generation is wasted.
-    push_timeout_s: float = 300.0
+    #: Seconds allowed for a rollout push to be acknowledged: above the learner's push handler
+    #: deadline (60 s, ``learner.service.PUSH_HANDLER_TIMEOUT_S``). The ack means "accepted";
+    #: the learner may still re-score sampled groups afterwards (``learner/verify_queue.py``)
+    #: and, if they fail, refuse this node for the rest of the run and re-issue its groups. A
+    #: push that times out is re-leased to another node, so its generation is wasted.
+    push_timeout_s: float = 90.0
     #: First reconnect delay after losing the learner; doubles up to ``backoff_max_s``.
     backoff_initial_s: float = 0.5
     #: Longest reconnect delay.

@@ -240,8 +240,8 @@ def test_handler_timeout(tmp_path: Path) -> None:
 
 
 def test_a_handler_may_have_its_own_deadline(tmp_path: Path) -> None:
-    """A handler registered with ``timeout_s`` (the learner's rollout push, which re-scores
-    groups before acknowledging) outlives the host's default deadline; others keep it."""
+    """A handler registered with ``timeout_s`` (the learner's rollout push, the largest request
+    a node sends) outlives the host's default deadline; others keep it."""
     async def medium(msg: Hello, peer_id: str) -> HelloAck:
         await trio.sleep(0.8)
         return await on_hello(msg, peer_id)
