@@ -17,7 +17,9 @@ so these fields sum to the step time (``time_other_s`` is what no part accounts 
 
 - ``time_gen_s``: generation seconds the nodes reported with this step's pushes, for the node
   that reported most (nodes generate in parallel); ``time_gen_total_s``: all nodes together;
-- ``time_verify_s``: re-scoring sampled pushes (``learner.verify``) during this step;
+- ``time_verify_s``: re-scoring sampled pushes during this step (``learner.verify``). It runs in
+  the background after the push's ack (``learner.verify_queue``), so nodes keep generating
+  meanwhile; the wait includes it only while the batch's groups are held for it;
 - ``time_dissem_s``: from handing the previous version to the service until every node that
   was a dissemination member then reported holding it (measured from the caller side while
   this step waited); ``time_dissem_encode_s``: the part before its broadcast started (queue,
