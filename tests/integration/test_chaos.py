@@ -104,7 +104,7 @@ def test_learner_kill_and_resume_while_nodes_stay_up(tmp_path):
     assert all(r["samples"] == PROMPTS * GROUP for r in rows)
     ledger = json.loads((run_dir / "ledger.json").read_text())
     assert ledger["trained"] == (STEPS - 2) * PROMPTS
-    assert set(ledger) <= {"trained", "pending", "leased", "completed", "dropped:stale", "dropped:evicted"}
+    assert set(ledger) <= {"trained", "pending", "leased", "held", "completed", "dropped:stale", "dropped:evicted"}
     run = json.loads((run_dir / "run.json").read_text())
     assert run["restarts"] == 1
     survivors = [p for p in nodes if p is not victim]

@@ -141,7 +141,7 @@ def test_async_mode_two_nodes_overlap_within_staleness_bound(tmp_path):
     assert any(r["staleness_max"] == 1 for r in rows), [r["staleness_hist"] for r in rows]
     ledger = seen["svc"].coordinator.counts()
     assert ledger["trained"] == 6 and sum(ledger.values()) == len(seen["svc"].coordinator.ledger)
-    assert set(ledger) <= {"trained", "pending", "leased", "completed", "dropped:stale", "dropped:evicted"}
+    assert set(ledger) <= {"trained", "pending", "leased", "held", "completed", "dropped:stale", "dropped:evicted"}
     logs = "".join((tmp_path / f"node-{i}.log").read_text() for i in range(2))
     assert all(p.returncode == 0 for p in procs), logs
     swarm = __import__("json").loads((tmp_path / "run" / "swarm.json").read_text())
