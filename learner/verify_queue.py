@@ -18,10 +18,11 @@ before it takes new work.
 - **Error.** If the check itself raises, the push's held groups are dropped (``verify_error``)
   and pending again for any node; the peer is not blamed.
 
-Bounded: the queue has one entry per held push and each holds at least one of the
-coordinator's groups in flight (a step's groups in sequential mode, at most
-``sync.max_inflight_groups`` in async mode), so it never grows past that. Entries whose groups
-were all revoked or dropped meanwhile are passed over unchecked.
+Bounded: the queue has one entry per push with a picked group (a node's other pushes join its
+outstanding entry), and the entries that still hold groups are at most the coordinator's
+groups in flight (a step's groups in sequential mode, ``sync.max_inflight_groups`` in async
+mode). Entries whose groups were all revoked or dropped meanwhile are passed over at once,
+without scoring.
 
 Cancellable: the worker stops when the run is done (:meth:`CheckQueue.close`, called by
 ``LearnerService.finish``) or its nursery is cancelled; a check in progress is abandoned (its

@@ -53,6 +53,10 @@ class RolloutPush(Message):
 
 @dataclass
 class RolloutAck(Message):
+    """The learner accepted ``accepted_groups`` of the push. Accepted is not final: the learner
+    may re-score sampled groups after this ack and, if they fail, refuse the node for the rest of
+    the run and re-issue its untrained groups."""
+
     KIND = "rollout_ack"
     accepted_groups: int = bounded(min=0)
     rejected_groups: int = bounded(min=0)
