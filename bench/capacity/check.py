@@ -62,10 +62,14 @@ CONFIGS: dict[str, CheckConfig] = {
 
 def specs_from_profile(prof: dict, cfg: CheckConfig, prompts_per_step: int | None = None,
                        group_size: int | None = None, max_tokens: int | None = None,
-                       link_Bps: float = LOOPBACK_BPS) -> tuple[RunSpec, list[NodeSpec]]:
+                       link_Bps: float = LOOPBACK_BPS, verify: dict | None = None,
+                       seed: int = 0) -> tuple[RunSpec, list[NodeSpec]]:
     """The predicted run's settings and nodes from a profile (pure). The workload defaults to
     the profile's; another one scales group time with completions x completion tokens and the
-    learner step with samples x (prompt + completion) tokens."""
+    learner step with samples x (prompt + completion) tokens. ``verify`` is the run's
+    ``[verify]`` settings (``enabled``, ``first_groups``, ``sample_frac``, ``budget_s_per_step``)
+    and ``seed`` its ``train.seed``; the cost of a check is the profile's ``verify_s`` (absent
+    in older profiles: verification is then left out of the prediction)."""
     pw = prof["workload"]
     node = (prof.get("nodes") or {}).get(cfg.backend)
     if node is None:
@@ -84,9 +88,16 @@ def specs_from_profile(prof: dict, cfg: CheckConfig, prompts_per_step: int | Non
     prof_tokens = float(lp["samples"]) * (p_tok + float(lp["tokens"]) / float(lp["samples"]))
     train_s = float(lp["train_s"]) * g * G * (p_tok + ctok) / prof_tokens
     install = float((ad.get("install_s") or {}).get(cfg.backend, 0.0))
+    v = verify or {}
+    verify_s = 0.0
+    if v.get("enabled", True) and lp.get("verify_s"):  # one group: its tokens as the profile's group
+        verify_s = float(lp["verify_s"]) * G * (p_tok + ctok) / (int(pw["group_size"]) * (p_tok + ctok_prof))
     run = RunSpec(prompts_per_step=g, group_size=G, steps=cfg.steps, train_s=train_s,
                   other_s=float(lp.get("publish_s", 0.0)), mode="async", staleness=cfg.staleness,
-                  diss_s=float(ad.get("bytes_fp32", 0)) / link_Bps, lease_timeout_s=cfg.lease_timeout_s)
+                  diss_s=float(ad.get("bytes_fp32", 0)) / link_Bps, lease_timeout_s=cfg.lease_timeout_s,
+                  verify_s=verify_s, verify_first=int(v.get("first_groups", 2)),
+                  verify_frac=float(v.get("sample_frac", 0.25)), verify_budget_s=float(v.get("budget_s_per_step", 10.0)),
+                  verify_seed=int(seed))
     kill = cfg.steps // 2 if cfg.kill_half_way else None
     nodes = [NodeSpec(f"node-{i}", group_s=group_s, install_s=install, core=cfg.node_cpu,
                       killed_after_step=kill if i == 0 else None) for i in range(cfg.nodes)]
@@ -202,8 +213,12 @@ def run_check(args) -> int:
     cfg = CONFIGS[args.check]
     if args.check_steps:
         cfg = replace(cfg, steps=args.check_steps)
+    from learner.config import LearnerConfig
+
+    learner_defaults = LearnerConfig()  # the run's learner settings (measure() changes none of these)
     try:
-        run, nodes = specs_from_profile(prof, cfg, args.prompts_per_step, args.group_size, args.max_tokens)
+        run, nodes = specs_from_profile(prof, cfg, args.prompts_per_step, args.group_size, args.max_tokens,
+                                        verify=asdict(learner_defaults.verify), seed=learner_defaults.train.seed)
         pred, pred_rows = predict_summary(run, nodes)
     except (ValueError, KeyError) as e:
         raise SystemExit(f"swarm-bench capacity --check: {e}")
@@ -214,7 +229,7 @@ def run_check(args) -> int:
     (out / "prediction.json").write_text(json.dumps(prediction, indent=1))
     print(f"capacity check {args.check}: predicted from {args.profile} before the run: {cfg.nodes} x {cfg.backend} "
           f"({nodes[0].group_s:.2f} s per group alone on core {cfg.node_cpu}), T_train {run.train_s:.2f} s, "
-          f"S={run.staleness}: utilisation {pred.utilisation:.3f}, {pred.samples_per_s:.3f} samples/s, "
+          f"S={run.staleness}, verification {run.verify_s:.2f} s per checked group: utilisation {pred.utilisation:.3f}, {pred.samples_per_s:.3f} samples/s, "
           f"dropped {pred.dropped_frac:.3f}", flush=True)
     if args.predict_only:
         return 0

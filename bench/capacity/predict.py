@@ -20,6 +20,15 @@ and nothing from the run it predicts:
   others speed up.
 - **Churn**: a node killed after step ``k`` loses its group in flight; the group stays leased
   until its lease times out (``lease_timeout_s``) and is then leased again to a live node.
+- **Verification** (``verify_s`` > 0, :mod:`learner.verify_queue`): each arriving group is
+  picked for re-scoring by the learner's own rule and seed (a node's first ``verify_first``
+  groups, then ``verify_frac`` of them while the step's ``verify_budget_s`` lasts, one draw of
+  the seeded generator per arriving group, as ``Verifier.pick``). A picked group is held, and so
+  is every later group of that node until the check is done; held groups count as in flight
+  but are never trained. The learner re-scores one held group at a time (``verify_s`` of its
+  core) only while it is not training; a step whose batch is ready waits for the check in
+  progress (that wait counts as training time, as the learner's metrics count it). A check
+  of a group whose version is no longer the learner's weights is skipped at no cost.
 
 Outputs per step: step time, learner idle (waiting) time, train time, samples, dropped groups;
 summarised over the steps after ``skip`` exactly as :func:`measure_rows` summarises a run's
@@ -29,6 +38,7 @@ summarised over the steps after ``skip`` exactly as :func:`measure_rows` summari
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -75,12 +85,24 @@ class RunSpec:
     lease_timeout_s: float = 120.0
     skip: int = 1
     """Leading steps left out of the summary (start-up)."""
+    verify_s: float = 0.0
+    """Learner seconds to re-score one group (the profile's ``verify_s``; 0: no verification)."""
+    verify_first: int = 2
+    """A node's first this many groups are all verified (``verify.first_groups``)."""
+    verify_frac: float = 0.25
+    """Share of a node's later groups verified (``verify.sample_frac``)."""
+    verify_budget_s: float = 10.0
+    """Most verification seconds per step beyond the first groups (``verify.budget_s_per_step``; 0: none)."""
+    verify_seed: int = 0
+    """The learner's picking seed (``train.seed``)."""
 
     def __post_init__(self) -> None:
         if self.prompts_per_step < 1 or self.group_size < 1 or self.steps < 1:
             raise ValueError("prompts_per_step, group_size and steps must be >= 1")
         if not self.train_s > 0 or self.other_s < 0 or self.staleness < 0 or self.diss_s < 0:
             raise ValueError("train_s must be > 0; other_s, staleness and diss_s >= 0")
+        if self.verify_s < 0 or self.verify_first < 0 or not 0 <= self.verify_frac <= 1:
+            raise ValueError("verify_s and verify_first must be >= 0, verify_frac in [0, 1]")
         if self.skip >= self.steps:
             raise ValueError(f"skip ({self.skip}) must leave at least one of the {self.steps} steps")
 
@@ -154,10 +176,22 @@ class _Sim:
     pending: deque = field(default_factory=deque)
     leased: dict[int, tuple[int, float]] = field(default_factory=dict)  # group -> (version, deadline)
     buffer: list[tuple[int, int]] = field(default_factory=list)  # (version, group), arrival order
-    step_groups: set[int] = field(default_factory=set)  # sequential: this step's groups
-    done_groups: set[int] = field(default_factory=set)
+    done_groups: set[int] = field(default_factory=set)  # sequential: back and not held
     next_group: int = 0
     dropped: int = 0
+    # verification (learner.verify_queue): holds, the learner's check queue and its one check
+    held: dict[int, int] = field(default_factory=dict)  # group -> hold id
+    holds: dict[int, list[int]] = field(default_factory=dict)  # hold id -> groups still held
+    checks: deque = field(default_factory=deque)  # (hold id, version of its picked group)
+    node_hold: dict[str, int] = field(default_factory=dict)  # node -> its newest hold
+    check: tuple[int, float] | None = None  # (hold id, end time) of the check in progress
+    training: bool = False
+    spent: float = 0.0  # verification seconds in this step
+    seen: dict[str, int] = field(default_factory=dict)
+    next_hold: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.run.verify_seed)
 
     def add(self, n: int) -> list[int]:
         ids = list(range(self.next_group, self.next_group + n))
@@ -172,12 +206,73 @@ class _Sim:
 
     def expire(self) -> None:
         keep = [(v, g) for v, g in self.buffer if self.version - v <= self.run.staleness]
+        for _, g in set(self.buffer) - set(keep):
+            self._unhold(g)
         self.dropped += len(self.buffer) - len(keep)
         self.buffer = keep
 
     def ready(self) -> int:
-        return sum(self.version - v <= self.run.staleness for v, _ in self.buffer)
+        return sum(self.version - v <= self.run.staleness and g not in self.held for v, g in self.buffer)
 
+    def take(self, n: int) -> None:
+        """A batch: the ``n`` oldest admissible groups that are not held leave the buffer."""
+        free = [i for i, (_, g) in enumerate(self.buffer) if g not in self.held]
+        taken = set(sorted(free, key=lambda i: self.buffer[i][0])[:n])
+        self.buffer = [x for i, x in enumerate(self.buffer) if i not in taken]
+
+    # -- verification -----------------------------------------------------------------------
+    def pick(self, node: _Node, group: int, version: int) -> None:
+        """A group arrived: picked for a check (a new hold), joined to the node's outstanding
+        hold, or trainable at once (``Verifier.pick`` and ``hold_for_check``)."""
+        r = self.run
+        if r.verify_s <= 0:
+            return
+        name = node.spec.name
+        seen, u = self.seen.get(name, 0), self.rng.random()
+        self.seen[name] = seen + 1
+        budget = r.verify_budget_s - self.spent if r.verify_budget_s > 0 else 1.0
+        if seen < r.verify_first or (budget > 0 and u < r.verify_frac):
+            h = self.next_hold
+            self.next_hold += 1
+            self.holds[h], self.held[group], self.node_hold[name] = [group], h, h
+            self.checks.append((h, version))
+        elif self.holds.get(self.node_hold.get(name, -1)):
+            h = self.node_hold[name]
+            self.holds[h].append(group)
+            self.held[group] = h
+
+    def _unhold(self, group: int) -> None:
+        h = self.held.pop(group, None)
+        if h is not None and group in self.holds.get(h, ()):
+            self.holds[h].remove(group)
+            if not self.holds[h]:
+                del self.holds[h]
+
+    def _release(self, h: int) -> None:
+        for g in self.holds.pop(h, []):
+            del self.held[g]
+            if self.run.mode == "sequential":
+                self.done_groups.add(g)
+
+    def start_check(self) -> None:
+        """The learner, when not training, re-scores the next held push (one at a time)."""
+        while self.check is None and self.checks and not self.training:
+            h, version = self.checks.popleft()
+            if not self.holds.get(h):
+                continue  # its groups were dropped meanwhile
+            if version != self.version:
+                self._release(h)  # the weights moved on: skipped, released unchecked
+                continue
+            self.check = (h, self.t + self.run.verify_s)
+
+    def finish_check(self) -> None:
+        if self.check is not None and self.check[1] <= self.t + EPS:
+            h, self.check = self.check[0], None
+            self.spent += self.run.verify_s
+            self._release(h)
+            self.start_check()
+
+    # -- nodes ------------------------------------------------------------------------------
     def requeue_expired(self) -> None:
         for g, (_, deadline) in sorted(self.leased.items()):
             holders = [n for n in self.nodes if n.group == g]
@@ -209,12 +304,13 @@ class _Sim:
                 busy[n.spec.core] = busy.get(n.spec.core, 0) + 1
         return busy
 
-    def next_node_event(self) -> float:
+    def next_event(self) -> float:
         share = self.sharing()
         times = [self.t + n.work * share[n.spec.core] for n in self.nodes if n.state in ("install", "gen")]
         times += [n.until for n in self.nodes if n.state == "wait"]
         orphans = {n.group for n in self.nodes if n.state == "dead"}
         times += [d for g, (_, d) in self.leased.items() if g in orphans]
+        times += [self.check[1]] if self.check is not None else []
         return min(times, default=math.inf)
 
     def advance(self, t_next: float) -> None:
@@ -225,18 +321,22 @@ class _Sim:
             if n.state in ("install", "gen"):
                 n.work -= dt / share[n.spec.core]
         self.t = t_next
+        self.finish_check()
         for n in self.nodes:
             if n.state == "install" and n.work <= EPS:
                 n.holds, n.state, n.work = n.version, "gen", n.spec.group_s
             elif n.state == "gen" and n.work <= EPS:
                 self.leased.pop(n.group, None)
-                if self.run.mode == "sequential":
-                    self.done_groups.add(n.group)
-                elif self.version - n.version > self.run.staleness:
-                    self.dropped += 1
+                if self.run.mode == "async" and self.version - n.version > self.run.staleness:
+                    self.dropped += 1  # refused on arrival, before any pick
                 else:
-                    self.buffer.append((n.version, n.group))
+                    self.pick(n, n.group, n.version)
+                    if self.run.mode == "async":
+                        self.buffer.append((n.version, n.group))
+                    elif n.group not in self.held:
+                        self.done_groups.add(n.group)
                 n.state, n.group = "idle", -1
+        self.start_check()
         self.dispatch()
 
     def kill(self, step: int) -> None:
@@ -246,7 +346,7 @@ class _Sim:
 
     def run_until(self, cond) -> None:
         while not cond():
-            t_next = self.next_node_event()
+            t_next = self.next_event()
             if not math.isfinite(t_next):
                 raise ValueError("the run cannot finish: no live node can supply the learner")
             self.advance(t_next)
@@ -254,7 +354,7 @@ class _Sim:
     def run_for(self, seconds: float) -> None:
         end = self.t + seconds
         while True:
-            t_next = self.next_node_event()
+            t_next = self.next_event()
             if t_next > end:
                 self.advance(end)
                 return
@@ -269,6 +369,7 @@ def predict(run: RunSpec, nodes: list[NodeSpec]) -> list[StepRow]:
     g, rows = run.prompts_per_step, []
     for step in range(1, run.steps + 1):
         t0, dropped0 = sim.t, sim.dropped
+        sim.start_check()
         if run.mode == "sequential":
             ids = set(sim.add(g))
             sim.dispatch()
@@ -279,18 +380,24 @@ def predict(run: RunSpec, nodes: list[NodeSpec]) -> list[StepRow]:
             sim.dispatch()
             sim.run_until(lambda: sim.ready() >= g)
             sim.expire()  # take: stale groups dropped on the way, then the oldest first
-            taken = set(sorted(range(len(sim.buffer)), key=lambda i: sim.buffer[i][0])[:g])
-            sim.buffer = [x for i, x in enumerate(sim.buffer) if i not in taken]
+            sim.take(g)
             sim.top_up()
             sim.dispatch()
         idle = sim.t - t0
+        sim.training = True  # no new check; the one in progress holds the weights' lock
+        sim.run_until(lambda: sim.check is None)
+        lock_wait = sim.t - t0 - idle
         sim.run_for(run.train_s + run.other_s)
+        sim.training = False
         sim.version += 1
         sim.pub[sim.version] = sim.t
         sim.expire()
         sim.kill(step)
+        sim.spent = 0.0  # the step's verification budget starts again (Verifier.take_metrics)
+        sim.start_check()
         sim.dispatch()
-        rows.append(StepRow(step, sim.t - t0, idle, run.train_s, g * run.group_size, sim.dropped - dropped0, sim.t))
+        rows.append(StepRow(step, sim.t - t0, idle, run.train_s + lock_wait, g * run.group_size,
+                            sim.dropped - dropped0, sim.t))
     return rows
 
 

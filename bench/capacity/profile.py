@@ -9,6 +9,8 @@ Three short measurements (each bounded to tens of seconds):
 - the learner: one GRPO step of the peft trainer (``learner.loop.build_trainer``, the
   default learner config) on a synthetic batch of ``prompts_per_step x group_size`` samples
   with the measured completion length;
+- verification: the learner re-scoring one group of those samples under its own weights
+  (``learner.verify.Verifier``, as it checks a node's rollouts), ``verify_s`` per group;
 - the adapter: the size of the exported LoRA (float32 as held, and float16 as it could be sent).
 
 The profile is JSON (format ``echo-swarm-profile/1``)::
@@ -16,7 +18,7 @@ The profile is JSON (format ``echo-swarm-profile/1``)::
     workload: prompts_per_step, group_size, max_tokens, prompt_tokens   (what was measured)
     nodes:    {backend: {tokens_per_s, group_s, completion_tokens, completion_lengths, groups, threads, device}}
     skipped:  {backend: reason}
-    learner:  {train_s, samples, tokens, prompt_tokens, threads, cpus, publish_s}  (absent with --no-learner)
+    learner:  {train_s, samples, tokens, prompt_tokens, threads, cpus, publish_s, verify_s}  (absent with --no-learner)
     adapter:  {bytes_fp32, bytes_fp16, tensors, rank, install_s: {backend: s}}     (absent with --no-learner)
     machine:  {cpu_count, platform}
 
@@ -156,6 +158,7 @@ def profile_learner(args: argparse.Namespace, lengths: list[int], prompts: list[
 
     trainer.train_step(batch)  # the first step pays one-off costs (allocations, kernels)
     stats = trainer.train_step(batch)
+    verify_s = profile_verify(trainer, batch[:args.group_size])
     t0 = time.perf_counter()
     adapter = trainer.export_adapter(1)
     adapter_reply(adapter)
@@ -164,9 +167,23 @@ def profile_learner(args: argparse.Namespace, lengths: list[int], prompts: list[
     learner = {"train_s": float(stats["step_time_s"]), "samples": len(batch),
                "tokens": sum(len(b.completion_ids) for b in batch),
                "prompt_tokens": prompt_tokens, "threads": args.threads or os.cpu_count() or 1,
-               "cpus": sorted(os.sched_getaffinity(0)), "publish_s": publish_s}
+               "cpus": sorted(os.sched_getaffinity(0)), "publish_s": publish_s, "verify_s": verify_s}
     return learner, {"bytes_fp32": n_bytes, "bytes_fp16": n_bytes // 2, "tensors": len(adapter.tensors),
                      "rank": adapter.rank, "_adapter": adapter}
+
+
+def profile_verify(trainer, group: list) -> float:
+    """Seconds the learner takes to re-score one group (the second of two: the first pays
+    one-off costs), as ``learner.verify.Verifier`` checks a node's rollouts."""
+    from learner.config import VerifyConfig
+    from learner.verify import Verifier
+
+    v = Verifier(trainer, VerifyConfig(), temperature=1.0, top_p=1.0, weights_version=0)
+    prompt, completions = list(group[0].prompt_ids), [list(s.completion_ids) for s in group]
+    v.score(prompt, completions, 0)
+    t0 = time.perf_counter()
+    v.score(prompt, completions, 0)
+    return time.perf_counter() - t0
 
 
 def profile_install(name: str, args: argparse.Namespace, adapter) -> float:
@@ -219,7 +236,8 @@ def run(args: argparse.Namespace) -> dict:
         print(f"profile: one learner step on {args.prompts_per_step * args.group_size} samples ...")
         prof["learner"], prof["adapter"] = profile_learner(args, lengths, vocab_prompts)
         adapter = prof["adapter"].pop("_adapter")
-        print(f"profile:   train_s {prof['learner']['train_s']:.2f} s, publish {prof['learner']['publish_s']:.2f} s; "
+        print(f"profile:   train_s {prof['learner']['train_s']:.2f} s, publish {prof['learner']['publish_s']:.2f} s, "
+              f"verify {prof['learner']['verify_s']:.2f} s per group; "
               f"adapter {prof['adapter']['bytes_fp32'] / 1e6:.2f} MB fp32")
         prof["adapter"]["install_s"] = {}
         for name in prof["nodes"]:

@@ -33,6 +33,20 @@ def test_specs_scale_to_another_workload():
     assert run.train_s == pytest.approx(12.0 * (64 * 140) / (16 * 100))
 
 
+def test_verification_cost_and_rule_come_from_profile_and_settings():
+    p = profile()
+    assert specs_from_profile(p, CheckConfig(backend="torch"))[0].verify_s == 0.0  # an older profile
+    p["learner"]["verify_s"] = 3.0
+    settings = {"enabled": True, "first_groups": 3, "sample_frac": 0.5, "budget_s_per_step": 7.0}
+    run, _ = specs_from_profile(p, CheckConfig(backend="torch"), verify=settings, seed=5)
+    assert (run.verify_s, run.verify_first, run.verify_frac, run.verify_budget_s, run.verify_seed) == (3.0, 3, 0.5, 7.0, 5)
+    # a group twice as long (completions x tokens) costs twice as much to re-score, prompt included
+    run2, _ = specs_from_profile(p, CheckConfig(backend="torch"), group_size=8, verify=settings)
+    assert run2.verify_s == pytest.approx(3.0 * 8 * 100 / (4 * 100))
+    off, _ = specs_from_profile(p, CheckConfig(backend="torch"), verify={**settings, "enabled": False})
+    assert off.verify_s == 0.0
+
+
 def test_churn_kills_one_node_half_way():
     run, nodes = specs_from_profile(profile(), CONFIGS["churn"])
     assert run.lease_timeout_s == CONFIGS["churn"].lease_timeout_s
@@ -102,3 +116,23 @@ def test_replay_with_the_runs_durations_uses_them_instead_of_the_profiles():
     got = replay_with_run_durations(run, nodes, {"measured_steps": steps, "node_group_s": {"a": 2.0, "b": 2.0}})
     assert got.step_s == pytest.approx(30.5) and got.utilisation == pytest.approx(30 / 30.5)
     assert replay_with_run_durations(run, nodes, {"measured_steps": steps}) is None
+
+
+def test_profile_times_the_learners_check_of_one_group(tmp_path):
+    """``verify_s`` is the learner's own re-scoring (learner.verify.Verifier) of a real group."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from bench.capacity.profile import profile_verify
+    from learner.models import ResolvedModel
+    from learner.trainer import ComputeConfig, LoraConfig, LossConfig, OptimConfig, Trainer, TrainSample
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    trainer = Trainer(ResolvedModel(name="tiny", gguf_path=None, hf_dir=tmp_path), LoraConfig(rank=4, alpha=8),
+                      OptimConfig(), LossConfig(), ComputeConfig(torch_threads=1))
+    group = [TrainSample([5, 6, 7], [10 + i, 20 + i, 30], [-1.0] * 3, 1.0) for i in range(4)]
+    s = profile_verify(trainer, group)
+    assert 0.0 < s < 30.0

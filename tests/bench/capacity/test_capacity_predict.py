@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.capacity.predict import NodeSpec, RunSpec, predict, predict_summary, summarise
+from bench.capacity.predict import NodeSpec, RunSpec, _Node, _Sim, predict, predict_summary, summarise
 
 
 def run(**kw) -> RunSpec:
@@ -103,3 +103,74 @@ def test_bad_specs_are_refused():
         run(steps=2, skip=2)
     with pytest.raises(ValueError):
         run(train_s=0.0)
+
+
+# -- verification (learner/verify_queue.py): held groups, the learner's checks ---------------------
+def test_first_groups_are_checked_before_they_are_trained():
+    """Sequential, one node, each group checked: the step waits for generation, then for the
+    learner's check of every group (one at a time, on the learner's core)."""
+    r = run(mode="sequential", prompts_per_step=2, steps=3, train_s=1.0, other_s=0.0, staleness=0, skip=0,
+            verify_s=5.0, verify_first=100)
+    rows = predict(r, [NodeSpec("a", group_s=1.0)])
+    # group 1 back at 1 s and checked 1-6 s; group 2 back at 2 s, checked 6-11 s
+    assert rows[0].learner_idle_s == pytest.approx(11.0)
+    plain = predict(run(mode="sequential", prompts_per_step=2, steps=3, train_s=1.0, other_s=0.0, staleness=0,
+                        skip=0), [NodeSpec("a", group_s=1.0)])
+    assert plain[0].learner_idle_s == pytest.approx(2.0)
+
+
+def test_a_nodes_later_groups_wait_for_its_held_check():
+    """A node's groups after a picked one join its hold: nothing of it is trainable before the check."""
+    r = run(prompts_per_step=2, steps=2, train_s=1.0, other_s=0.0, skip=0, verify_s=10.0, verify_first=1,
+            verify_frac=0.0)
+    rows = predict(r, [NodeSpec("a", group_s=1.0)])
+    # group 1 back at 1 s (checked 1-11 s), group 2 back at 2 s held with it: the batch is ready at 11 s
+    assert rows[0].learner_idle_s == pytest.approx(11.0)
+
+
+def test_a_check_in_progress_delays_training_and_counts_as_training():
+    """Two nodes on their own cores, each node's first group checked. The fast node's check ends
+    when its group makes the batch ready, but the verification worker takes the slow node's
+    check at once, ahead of the step: training waits for it (the weights' lock), and the row
+    counts that wait as training time, as the learner's metrics do."""
+    r = run(prompts_per_step=1, steps=1, train_s=1.0, other_s=0.0, skip=0, verify_s=4.0, verify_first=1,
+            verify_frac=0.0)
+    rows = predict(r, [NodeSpec("fast", group_s=1.0, core=1), NodeSpec("slow", group_s=1.5, core=2)])
+    # fast back at 1 s, checked 1-5 s: the batch is ready at 5 s; slow's check runs 5-9 s; training 9-10 s
+    assert rows[0].learner_idle_s == pytest.approx(5.0)
+    assert rows[0].train_s == pytest.approx(5.0)
+    assert rows[0].step_time_s == pytest.approx(10.0)
+
+
+def test_sampled_checks_follow_the_seed_and_the_budget():
+    nodes = [NodeSpec("a", group_s=1.0, core=1)]
+    base = dict(prompts_per_step=2, train_s=0.5, other_s=0.0, steps=20, verify_s=2.0, verify_first=0,
+                verify_budget_s=0.0)
+    every = predict_summary(run(**base, verify_frac=1.0), nodes)[0]
+    half = predict_summary(run(**base, verify_frac=0.5, verify_seed=1), nodes)[0]
+    assert half == predict_summary(run(**base, verify_frac=0.5, verify_seed=1), nodes)[0]  # a seed's picks
+    none = predict_summary(run(**base, verify_frac=0.0), nodes)[0]
+    assert none.step_s < half.step_s < every.step_s  # held groups wait for the learner's checks
+    # the step's budget: once spent, a node's later groups are not picked (Verifier.pick)
+    sim = _Sim(run(**{**base, "verify_budget_s": 1.0}, verify_frac=1.0), [_Node(nodes[0])])
+    sim.pick(sim.nodes[0], 0, 0)
+    sim.spent = 2.0
+    sim.pick(sim.nodes[0], 1, 0)
+    assert len(sim.checks) == 1 and sim.held == {0: 0, 1: 0}  # group 1 only joins group 0's hold
+
+
+def test_verification_start_up_wastes_stale_groups():
+    """Async S = 1, nodes faster than the learner, each node's first groups checked: while the
+    learner checks them the nodes fill the in-flight window with version-0 groups, and those
+    beyond two batches are dropped as stale (what the learner-bound check measured)."""
+    nodes = [NodeSpec("a", group_s=2.37, core=1), NodeSpec("b", group_s=2.37, core=1)]
+    with_checks = predict(run(train_s=9.3, other_s=0.0, steps=6, skip=1, verify_s=3.25), nodes)
+    without = predict(run(train_s=9.3, other_s=0.0, steps=6, skip=1), nodes)
+    assert sum(r.dropped for r in with_checks) > 0
+    assert sum(r.dropped for r in without) == 0
+
+
+def test_bad_verification_settings_are_refused():
+    for kw in ({"verify_s": -1.0}, {"verify_first": -1}, {"verify_frac": 1.5}):
+        with pytest.raises(ValueError):
+            run(**kw)
