@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from learner.buffer import ReplayBuffer
+from learner.holds import Holds
+from learner.ledger_states import COMPLETED, HELD, LEASED, PENDING, TRAINED  # noqa: F401 (re-exported)
 from swarm.proto.rollouts import Completion, GroupResult
 from tasks.episode_tokens import mask_runs
 
-PENDING, LEASED, HELD, COMPLETED, TRAINED = "pending", "leased", "held", "completed", "trained"
 #: How many expired leases are remembered for late pushes.
 MAX_EXPIRED_LEASES = 10_000
 
@@ -136,7 +137,7 @@ def _episode_shape(c: Completion, limits: Limits) -> str | None:
     return None
 
 
-class Coordinator:
+class Coordinator(Holds):
     """Hands out leases of prompt groups and collects their rollouts."""
 
     def __init__(self, limits: Limits, lease_timeout_s: float, groups_per_lease: int,
@@ -343,43 +344,6 @@ class Coordinator:
             self.refused_by.setdefault(gid, set()).add(peer_id)
         return back
 
-    # -- holds (verification after the ack) ------------------------------------------------
-    def hold(self, group_ids: list[str], into: str | None = None) -> str | None:
-        """Keep the completed ``group_ids`` (one push's accepted groups) from training until
-        :meth:`release`: under a new hold, or added to hold ``into`` while it still holds
-        groups. Returns the hold id, or ``None`` if none of them is completed."""
-        gids = [g for g in group_ids if self.ledger.get(g) == COMPLETED and g not in self.held]
-        if not gids:
-            return None
-        hold_id = into if into is not None and self.holds.get(into) else f"H{next(self._ids)}"
-        for gid in gids:
-            self.ledger[gid] = HELD
-            self.held[gid] = hold_id
-        self.holds.setdefault(hold_id, []).extend(gids)
-        return hold_id
-
-    def holding(self, hold_id: str) -> list[str]:
-        """The groups still held under ``hold_id`` (none once released, revoked or dropped)."""
-        return list(self.holds.get(hold_id, ()))
-
-    def release(self, hold_id: str) -> list[str]:
-        """The hold's push passed verification: its groups still held become completed
-        (trainable). Returns them."""
-        gids = self.holds.pop(hold_id, [])
-        for gid in gids:
-            del self.held[gid]
-            self.ledger[gid] = COMPLETED
-        return gids
-
-    def discard_hold(self, hold_id: str, reason: str) -> list[str]:
-        """The hold's push could not be verified: its groups still held are thrown away
-        (counted as dropped for ``reason``) and pending again at the front of the queue, for
-        any peer. Returns them."""
-        gids = self.holding(hold_id)
-        for gid in reversed(gids):
-            self._discard(gid, reason)
-        return gids
-
     def _discard(self, gid: str, reason: str) -> None:
         """Throw away the untrained result of ``gid`` (completed or held): pending again."""
         self._unhold(gid)
@@ -388,14 +352,6 @@ class Coordinator:
         self.discarded[reason] += 1
         self.ledger[gid] = PENDING
         self.queue.appendleft(gid)
-
-    def _unhold(self, gid: str) -> None:
-        hold_id = self.held.pop(gid, None)
-        rest = self.holds.get(hold_id) if hold_id is not None else None
-        if rest is not None:
-            rest.remove(gid)
-            if not rest:
-                del self.holds[hold_id]
 
     def _requeue_rejected(self, gid: str, lease: LeaseRecord | None, peer_id: str, reason: str) -> None:
         """A result refused on its merits: its group goes back to pending at once (front of
