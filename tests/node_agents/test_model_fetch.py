@@ -113,6 +113,7 @@ def test_two_nodes_fetch_at_once_and_trade_chunks(tmp_path, model_file):
             async with trio.open_nursery() as n:
                 n.start_soon(node, ah, "a")
                 n.start_soon(node, bh, "b")
+            await serve.wait_complete(2, 10.0)  # a node's last report may land after its fetch returned
             out.update(results=results, summary=serve.summary())
 
     run_trio(main)
