@@ -60,7 +60,9 @@ def run(args) -> int | None:
 
     from learner.cli import validate
     from learner.config import LearnerConfig
-    from learner.loop import build_trainer, load_tokenizer, score_groups
+    from learner.trainer_build import build_trainer
+    from learner.models import load_tokenizer
+    from learner.scoring import score_groups
     from learner.metrics import MetricsWriter, progress_line, read_metrics, rolling_mean
     from learner.models import resolve_model
     from node_agents.backends.base import SamplingParams

@@ -49,7 +49,8 @@ def run(groups: int, group_size: int, max_tokens: int, temperature: float) -> di
 
     from learner.config import LearnerConfig
     from learner.episodes import run_task
-    from learner.loop import build_trainer, load_tokenizer
+    from learner.trainer_build import build_trainer
+    from learner.models import load_tokenizer
     from learner.models import resolve_model
     from node_agents.backends.base import SamplingParams
     from node_agents.backends.registry import create_backend

@@ -93,7 +93,7 @@ def eval_adapters(cfg, n: int, adapters: list[tuple[str, Path | None]], threads:
     0..n-1, greedy; an entry is skipped when ``want(label, results so far)`` is False.
     Returns label -> ``EvalResult``."""
     from learner.eval import evaluate, load_peft_adapter
-    from learner.loop import load_tokenizer
+    from learner.models import load_tokenizer
     from learner.models import resolve_model
     from node_agents.backends.base import SamplingParams
     from node_agents.backends.llamacpp import LlamaCppBackend

@@ -37,7 +37,8 @@ def _true_logprobs(backend, prompt, ids, temperature):
 def run(groups: int, group_size: int, max_tokens: int, temperature: float, kinds: list[str], seed: int) -> dict:
     from learner.config import LearnerConfig
     from learner.episodes import run_task
-    from learner.loop import build_trainer, load_tokenizer
+    from learner.trainer_build import build_trainer
+    from learner.models import load_tokenizer
     from learner.models import resolve_model
     from learner.verify import Verifier, group_stats
     from node_agents.backends.base import SamplingParams

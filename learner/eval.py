@@ -8,7 +8,7 @@ which stays inside [0, 1] and is sensible at 0 or n correct.
 
 The adapter is a peft directory (``adapter_config.json`` + ``adapter_model.safetensors``, as
 ``swarm-learner`` writes into ``<run_dir>/adapter``); it is read with safetensors into a
-:class:`~node_agents.backends.base.LoraAdapter` and hot-swapped into the same loaded model, so
+:class:`~common.lora.LoraAdapter` and hot-swapped into the same loaded model, so
 base and adapter are measured on the same problems with the same sampling seeds.
 
 Tasks with an environment (Sokoban) can be evaluated as multi-turn episodes (``multi_turn``);
@@ -46,7 +46,7 @@ def load_peft_adapter(directory: str | Path, version: int = 1):
     import numpy as np
     from safetensors.numpy import load_file
 
-    from node_agents.backends.base import LoraAdapter
+    from common.lora import LoraAdapter
 
     d = Path(directory).expanduser()
     cfg_path, weights = d / ADAPTER_CONFIG, d / ADAPTER_WEIGHTS
@@ -135,7 +135,7 @@ def run_eval(cfg, n: int, adapter_dir: Path | None, *, temperature: float = 0.0,
     """Evaluate the base model and, when given, the adapter; print a side-by-side table."""
     from node_agents.backends.base import SamplingParams
     from node_agents.backends.llamacpp import LlamaCppBackend
-    from learner.loop import load_tokenizer
+    from learner.models import load_tokenizer
     from learner.models import resolve_model
     from tasks.interface import is_env_task
     from tasks.registry import make_task

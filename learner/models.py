@@ -5,7 +5,7 @@
 - a directory with a ``config.json``: an HF model directory, used as-is (no GGUF).
 
 A GGUF is converted ONCE to a dequantised float32 HF directory (model + tokenizer) cached under
-:func:`cache_root`; the conversion and its cache live in ``node_agents.model_cache`` (nodes with
+:func:`cache_root`; the conversion and its cache live in ``common.model_cache`` (nodes with
 the torch and MLX backends use the same cache), re-exported here.
 """
 
@@ -15,10 +15,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from node_agents import model_cache
-from node_agents.model_cache import (CACHE_ENV, CONVERSION_MARKER, add_rope_theta, cache_root, convert_gguf,
-                                     gguf_cache_key)
-from node_agents.models import ModelNotFoundError, default_gguf_path
+from common import model_cache
+from common.model_cache import (CACHE_ENV, CONVERSION_MARKER, add_rope_theta, cache_root, convert_gguf,
+                                gguf_cache_key)
+from common.default_model import ModelNotFoundError, default_gguf_path
 
 __all__ = ["CACHE_ENV", "CONVERSION_MARKER", "DEFAULT_MODEL", "ModelNotFoundError", "ResolvedModel", "add_rope_theta",
            "cache_root", "convert_gguf", "ensure_converted", "gguf_cache_key", "resolve_model"]
@@ -60,3 +60,10 @@ def ensure_converted(gguf_path: Path, cache_dir: str | os.PathLike | None = None
     """Return the cached HF directory of ``gguf_path``, converting it first (with this module's
     ``convert_gguf``) if needed."""
     return model_cache.ensure_converted(gguf_path, cache_dir, convert=convert_gguf)
+
+
+def load_tokenizer(hf_dir: str | os.PathLike):
+    """The model's tokenizer (transformers; imported here, not at module load)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(hf_dir))

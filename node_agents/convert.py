@@ -95,7 +95,7 @@ def _sdist(root: Path, ver: str) -> Path:
 def converter_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     """Directory holding ``convert_hf_to_gguf.py``, ``conversion/`` and ``gguf-py/`` of the
     installed llama-cpp-python version, extracted once from its sdist."""
-    from node_agents.model_cache import cache_root
+    from common.model_cache import cache_root
 
     root = cache_root(cache_dir)
     ver = llama_cpp_version()
@@ -152,7 +152,7 @@ def hf_to_gguf(hf_dir: str | os.PathLike, out_path: str | os.PathLike | None = N
     ``node_agents.families.UnsupportedFamilyError`` for an architecture we do not support.
     """
     from node_agents.families import family_of_dir
-    from node_agents.model_cache import cache_root
+    from common.model_cache import cache_root
 
     if outtype not in OUTTYPES:
         raise ValueError(f"outtype must be one of {OUTTYPES}, got {outtype!r}")

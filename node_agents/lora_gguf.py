@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from node_agents.backends.base import LoraAdapter
+from common.lora import LoraAdapter
 from node_agents.families import family_by_gguf_arch
 
 #: peft module name -> llama.cpp tensor base name.

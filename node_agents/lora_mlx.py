@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from node_agents.backends.base import LoraAdapter
+from common.lora import LoraAdapter
 
 # ``...<module>.lora_A.weight`` (get_peft_model_state_dict) or ``...lora_A.<adapter>.weight``.
 _PEFT_NAME = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$")

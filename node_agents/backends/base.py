@@ -5,24 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
 
-
-@dataclass
-class LoraAdapter:
-    """A LoRA adapter as the learner publishes it, backend-neutral.
-
-    ``tensors`` maps peft state-dict names, e.g.
-    ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`` (shape ``[r, in]``) and
-    ``...lora_B.weight`` (shape ``[out, r]``), to float32 arrays. The effective weight update of
-    a module is ``(alpha / rank) * B @ A``.
-    """
-
-    version: int
-    rank: int
-    alpha: float
-    target_modules: list[str]
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+from common.lora import LoraAdapter
 
 
 @dataclass

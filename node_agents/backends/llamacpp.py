@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from node_agents.backends.base import Capabilities, LoraAdapter, SampledCompletion, SamplingParams, generate_in_chunks
+from common.lora import LoraAdapter
+from node_agents.backends.base import Capabilities, SampledCompletion, SamplingParams, generate_in_chunks
 from node_agents.backends.sampling import completion_rngs, sample_rows
 
 _GGML_TYPE_F32 = 0

@@ -1,6 +1,6 @@
 """MLX generation backend through mlx-lm (Apple Silicon; on Linux the ``mlx[cpu]`` build).
 
-The base model is an mlx-lm directory (``node_agents.model_cache.ensure_mlx``), loaded once.
+The base model is an mlx-lm directory (``common.model_cache.ensure_mlx``), loaded once.
 Its ``config.json`` must carry a top-level ``rope_theta``: mlx-lm's llama reads nothing else
 and silently falls back to 10000 without it, so a directory lacking it is refused.
 
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from node_agents.backends.base import Capabilities, LoraAdapter, SampledCompletion, SamplingParams, generate_in_chunks
+from common.lora import LoraAdapter
+from node_agents.backends.base import Capabilities, SampledCompletion, SamplingParams, generate_in_chunks
 from node_agents.backends.sampling import chunk_state, record_step, sample_rows
 
 
@@ -44,12 +45,12 @@ class MlxBackend:
         self._mx = mx
         self.model_dir = Path(model_dir)
         config = json.loads((self.model_dir / "config.json").read_text())
-        from node_agents.model_cache import mlx_rope_fields
+        from common.model_cache import mlx_rope_fields
 
         missing = mlx_rope_fields(config) if config.get("model_type") == "llama" else {}
         if missing:
             raise ValueError(f"{self.model_dir}/config.json lacks top-level {' and '.join(sorted(missing))}; mlx-lm's "
-                             "llama would silently run a plain rope (convert with node_agents.model_cache.ensure_mlx)")
+                             "llama would silently run a plain rope (convert with common.model_cache.ensure_mlx)")
         self._model, self._config = load_model(self.model_dir)
         self._model.eval()
         self.n_ctx = int(n_ctx)

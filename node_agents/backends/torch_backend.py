@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from node_agents.backends.base import Capabilities, LoraAdapter, SampledCompletion, SamplingParams, generate_in_chunks
+from common.lora import LoraAdapter
+from node_agents.backends.base import Capabilities, SampledCompletion, SamplingParams, generate_in_chunks
 from node_agents.backends.sampling import chunk_state, record_step, sample_rows
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from node_agents.backends.base import LoraAdapter
+from common.lora import LoraAdapter
 from node_agents.backends.mlx_backend import MlxBackend
 from node_agents.backends.sampling import completion_rngs, sample_rows
 from swarm.pipeline.layers import layer_index

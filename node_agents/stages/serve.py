@@ -24,7 +24,7 @@ META_KEY = "__meta__"
 
 
 def save_adapter_npz(adapter, path: str | Path) -> None:
-    """Write a :class:`~node_agents.backends.base.LoraAdapter` as one ``.npz`` file."""
+    """Write a :class:`~common.lora.LoraAdapter` as one ``.npz`` file."""
     import numpy as np
 
     meta = {"version": adapter.version, "rank": adapter.rank, "alpha": adapter.alpha,
@@ -36,7 +36,7 @@ def load_adapter_npz(path: str | Path):
     """Read an adapter written by :func:`save_adapter_npz`."""
     import numpy as np
 
-    from node_agents.backends.base import LoraAdapter
+    from common.lora import LoraAdapter
 
     with np.load(path) as z:
         if META_KEY not in z.files:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from node_agents.backends.base import LoraAdapter
+from common.lora import LoraAdapter
 from node_agents.backends.sampling import completion_rngs, sample_rows
 from node_agents.backends.torch_backend import pick_device_dtype
 from node_agents.stages.tensors import from_blob, to_blob

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
+    from common.lora import LoraAdapter
+
 from swarm.wire import Message, WireError, bounded
 
 
@@ -40,6 +42,19 @@ class AdapterReply(Message):
     #: peft state-dict names (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``)
     #: mapped to tensors. Version 0 may be empty (no adapter: the base model).
     tensors: dict[str, TensorBlob]
+
+    @classmethod
+    def from_adapter(cls, adapter: "LoraAdapter", dtype: str = "float32") -> "AdapterReply":
+        """The wire form of ``adapter``, tensors as ``dtype`` blobs."""
+        return cls(version=adapter.version, rank=adapter.rank, alpha=adapter.alpha,
+                   target_modules=list(adapter.target_modules), tensors=encode_tensors(adapter.tensors, dtype))
+
+    def to_adapter(self) -> "LoraAdapter":
+        """The adapter this reply carries; raises WireError on a malformed tensor (:func:`decode_tensors`)."""
+        from common.lora import LoraAdapter
+
+        return LoraAdapter(version=self.version, rank=self.rank, alpha=self.alpha,
+                           target_modules=list(self.target_modules), tensors=decode_tensors(self.tensors))
 
 
 #: dtypes accepted in a TensorBlob.

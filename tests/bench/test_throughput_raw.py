@@ -14,7 +14,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 @pytest.fixture(scope="module")
 def model():
-    from node_agents.models import resolve_gguf
+    from common.default_model import resolve_gguf
 
     return resolve_gguf("default")
 

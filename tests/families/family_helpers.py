@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from node_agents.backends.base import LoraAdapter
+from common.lora import LoraAdapter
 
 FAMILIES = ("llama3", "qwen2", "qwen3")
 MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -30,7 +30,7 @@ class FamilyModel:
     cache: Path
 
     def mlx_dir(self) -> Path:
-        from node_agents.model_cache import ensure_mlx
+        from common.model_cache import ensure_mlx
 
         return ensure_mlx(self.hf_dir, "float32", self.cache)
 

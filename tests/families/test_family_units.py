@@ -9,11 +9,11 @@ import os
 import numpy as np
 import pytest
 
-from node_agents.backends.base import LoraAdapter
+from common.lora import LoraAdapter
 from node_agents.convert import KNOWN_SPLITS, pre_tokenizer_name
 from node_agents.families import (UnsupportedFamilyError, family_by_gguf_arch, family_of_config)
 from node_agents.lora_gguf import adapter_to_gguf_tensors
-from node_agents.model_cache import mlx_rope_fields
+from common.model_cache import mlx_rope_fields
 from tasks.base import template_kwargs
 
 
@@ -108,7 +108,7 @@ def test_converter_output_metadata(family_models):
 
 
 def test_gguf_config_overrides():
-    from node_agents.model_cache import config_overrides
+    from common.model_cache import config_overrides
 
     assert config_overrides("qwen3", {"qwen3.attention.key_length": 16}, {"token_embd.weight"}) == {"head_dim": 16}
     assert config_overrides("llama", {}, set()) == {}
@@ -123,7 +123,7 @@ def test_learner_side_gguf_to_hf_is_exact(family_models, family, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from node_agents.model_cache import convert_gguf
+    from common.model_cache import convert_gguf
 
     fm = family_models[family]
     convert_gguf(fm.gguf, tmp_path)

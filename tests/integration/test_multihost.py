@@ -122,7 +122,7 @@ def modified_copy(src: Path, dst: Path) -> Path:
 
 
 def test_learner_and_three_hosts_one_behind_nat(netns_hosts, tmp_path):
-    from node_agents.models import default_gguf_path
+    from common.default_model import default_gguf_path
 
     tb = netns_hosts(4, nat_hosts=(3,))
     model = tmp_path / "base.gguf"
@@ -181,7 +181,7 @@ def test_learner_and_three_hosts_one_behind_nat(netns_hosts, tmp_path):
 
 
 def test_a_node_with_another_model_is_refused_and_the_run_goes_on(netns_hosts, tmp_path):
-    from node_agents.models import default_gguf_path
+    from common.default_model import default_gguf_path
 
     tb = netns_hosts(4, nat_hosts=(3,))
     model = modified_copy(default_gguf_path(), tmp_path / "base-mod.gguf")

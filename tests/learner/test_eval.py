@@ -105,7 +105,7 @@ def test_evaluate_scores_on_the_eval_split():
 @pytest.mark.slow  # about 20 s idle, 50 s on a busy 2-core machine; run by `make test-slow`
 def test_eval_command_base_vs_adapter_with_llama_cpp(tmp_path):
     pytest.importorskip("llama_cpp")
-    from node_agents.models import ModelNotFoundError, default_gguf_path
+    from common.default_model import ModelNotFoundError, default_gguf_path
 
     try:
         default_gguf_path()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from node_agents.backends.base import LoraAdapter
+from common.lora import LoraAdapter
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -46,7 +46,7 @@ def _cached(name: str, build) -> Path:
 @pytest.fixture(scope="session")
 def base_gguf() -> Path:
     pytest.importorskip("gguf")
-    from node_agents.models import ModelNotFoundError, default_gguf_path
+    from common.default_model import ModelNotFoundError, default_gguf_path
 
     try:
         return default_gguf_path()

@@ -7,7 +7,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from node_agents import models
+from common import default_model as models
 from node_agents.backends.sampling import _draw, sample_rows
 
 

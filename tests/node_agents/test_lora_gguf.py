@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from node_agents.backends.base import LoraAdapter, SamplingParams
+from common.lora import LoraAdapter
+from node_agents.backends.base import SamplingParams
 from node_agents.lora_gguf import adapter_to_gguf_tensors, parse_peft_name, permute_rope_rows, write_lora_gguf
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

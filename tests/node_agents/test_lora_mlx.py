@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from node_agents.backends.base import LoraAdapter
+from common.lora import LoraAdapter
 from node_agents.lora_mlx import adapter_modules, mlx_adapter_config, split_peft_name, write_mlx_adapter
 
 

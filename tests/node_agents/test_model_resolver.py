@@ -7,8 +7,9 @@ import threading
 
 import pytest
 
-from node_agents import model_cache
-from node_agents.models import ModelNotFoundError, resolve_for_backend
+from common import model_cache
+from common.default_model import ModelNotFoundError
+from node_agents.models import resolve_for_backend
 
 
 @pytest.fixture

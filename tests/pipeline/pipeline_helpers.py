@@ -19,7 +19,7 @@ def make_tiny_llama(out_dir):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from node_agents.model_cache import add_rope_theta
+    from common.model_cache import add_rope_theta
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=N_LAYERS,
@@ -31,7 +31,7 @@ def make_tiny_llama(out_dir):
 
 
 def tiny_adapter(version: int, seed: int = 3):
-    from node_agents.backends.base import LoraAdapter
+    from common.lora import LoraAdapter
 
     rng = np.random.default_rng(seed)
     shapes = {"self_attn.q_proj": (64, 64), "self_attn.k_proj": (64, 32), "self_attn.v_proj": (64, 32),

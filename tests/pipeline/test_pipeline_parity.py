@@ -39,7 +39,8 @@ READY_TIMEOUT_S = 300
 @pytest.fixture(scope="module")
 def hf_dir():
     pytest.importorskip("peft")
-    from node_agents.models import ModelNotFoundError, resolve_for_backend
+    from common.default_model import ModelNotFoundError
+    from node_agents.models import resolve_for_backend
 
     try:
         return resolve_for_backend("default", "torch")
@@ -48,7 +49,7 @@ def hf_dir():
 
 
 def random_adapter(config: dict, version: int, seed: int = 11, b_std: float = 0.02, rank: int = 8):
-    from node_agents.backends.base import LoraAdapter
+    from common.lora import LoraAdapter
 
     rng = np.random.default_rng(seed)
     h, ffn = config["hidden_size"], config["intermediate_size"]

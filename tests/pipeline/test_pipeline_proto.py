@@ -92,7 +92,7 @@ def test_check_route():
 
 
 def test_adapter_file_round_trip(tmp_path):
-    from node_agents.backends.base import LoraAdapter
+    from common.lora import LoraAdapter
     from node_agents.stages.serve import load_adapter_npz, save_adapter_npz
 
     a = LoraAdapter(version=7, rank=2, alpha=4.0, target_modules=["q_proj"],

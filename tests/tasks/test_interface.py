@@ -141,10 +141,10 @@ def test_run_episode_stops_at_max_turns_and_context_limit():
 def test_episode_tokens_with_the_real_tokenizer():
     """SmolLM2's own chat template and tokenizer: segments decode to the full conversation."""
     pytest.importorskip("transformers")
-    from node_agents.models import ModelNotFoundError
+    from common.default_model import ModelNotFoundError
 
     try:
-        from learner.loop import load_tokenizer
+        from learner.models import load_tokenizer
         from learner.models import resolve_model
 
         tok = load_tokenizer(resolve_model("default").hf_dir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.dissem.sim import chunk_sizes, simulate
+from bench.dissem_sim import chunk_sizes, simulate
 from swarm.dissem.tree import Member, Plan, build_plan, heap_tree, walk
 
 W = 12.5e6  # 100 Mbit/s

@@ -3,8 +3,8 @@ without a generation backend. ``swarm-bench broadcast`` runs one per emulated ho
 ``swarm-node`` would also load llama.cpp, which the broadcast never touches), and the
 relay-failure tests kill them.
 
-    python -m swarm.dissem.relay_node node --learner ADDR --run-id R --data-dir D [--listen A]
-    python -m swarm.dissem.relay_node learner --nodes N --trials T.json --out R.jsonl [...]
+    python -m bench.relay_node node --learner ADDR --run-id R --data-dir D [--listen A]
+    python -m bench.relay_node learner --nodes N --trials T.json --out R.jsonl [...]
 
 A node prints ``peer <id>`` once registered and serves until killed or until its stdin
 closes. The learner waits for ``--nodes`` registrations, then runs each trial of the
@@ -91,7 +91,7 @@ async def run_learner(args) -> None:
 
     from learner.config import DissemConfig
     from learner.dissem import LearnerDissem
-    from node_agents.backends.base import LoraAdapter
+    from common.lora import LoraAdapter
     from swarm.host import open_host
 
     trials = json.loads(args.trials.read_text())

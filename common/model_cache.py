@@ -2,7 +2,7 @@
 
 One model name gives every backend the base model in its own format:
 
-- llama.cpp: the GGUF itself (``node_agents.models.resolve_gguf``);
+- llama.cpp: the GGUF itself (``common.default_model.resolve_gguf``);
 - torch: an HF directory, dequantised from the GGUF to float32 with transformers 5
   (``from_pretrained(dir, gguf_file=name, quantization_config=GgufConfig(dequantize=True))``,
   about 16 s) -- :func:`ensure_converted`;
