@@ -2,7 +2,7 @@
 
 Every emulated host is a network namespace with its upload and download shaped by ``tc tbf``
 (``bench.netns``); host 0 runs the learner side, hosts 1..N one light dissemination process
-each (``swarm.dissem.relay_node``: the real protocol code on a real libp2p host, no
+each (``bench.relay_node``: the real protocol code on a real libp2p host, no
 generation backend). For each adapter size, each N and each mode, the learner publishes a
 fresh random adapter of the SmolLM2-135M LoRA shape and waits until every node reported the
 version complete. Each configuration runs ``--repeats`` times; the first run of a
@@ -61,7 +61,7 @@ def run(args) -> None:
 
 def codec_table() -> None:
     from swarm.dissem.codec import CodecConfig, bytes_per_param, compress, encode_tensors
-    from swarm.dissem.relay_node import lora_tensors
+    from bench.relay_node import lora_tensors
 
     for rank in (8,):
         tensors = lora_tensors(rank)
@@ -99,7 +99,7 @@ def network_runs(args) -> list[dict]:
     procs: list[subprocess.Popen] = []
     tmp = Path(tempfile.mkdtemp(prefix="es-bcast-"))
     (tmp / "trials.json").write_text(json.dumps(plan))
-    py = [sys.executable, "-m", "swarm.dissem.relay_node"]
+    py = [sys.executable, "-m", "bench.relay_node"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     print(f"broadcast: {n_max} nodes + learner in namespaces, {args.rate_mbit} Mbit/s up and down each; "
           f"{len(plan)} trials; logs in {tmp}", flush=True)
@@ -140,7 +140,7 @@ def network_runs(args) -> list[dict]:
 
 
 def predicted(row: dict, rate_bps: float, fan_out: int, stripes: int, hop_s: float = 0.0) -> float:
-    from swarm.dissem.sim import simulate
+    from bench.dissem_sim import simulate
     from swarm.dissem.tree import Member, build_plan
 
     plan = build_plan([Member(f"p{i:05d}", rate_bps) for i in range(row["n"])], row["mode"], fan_out, stripes)
@@ -176,7 +176,7 @@ def print_network(rows: list[dict], args) -> None:
 
 
 def sim_table(args) -> None:
-    from swarm.dissem.sim import simulate
+    from bench.dissem_sim import simulate
     from swarm.dissem.tree import Member, build_plan
 
     w = args.rate_mbit * 125_000

@@ -16,11 +16,12 @@ import time
 def parity(n_prompts: int = 6, max_tokens: int = 32, b_std: float = 0.02, threads: int = 1) -> dict:
     import numpy as np
 
-    from node_agents.backends.base import LoraAdapter, SamplingParams
+    from common.lora import LoraAdapter
+    from node_agents.backends.base import SamplingParams
     from node_agents.backends.llamacpp import LlamaCppBackend
-    from node_agents.models import default_gguf_path
+    from common.default_model import default_gguf_path
     from swarm.dissem.codec import CodecConfig, decode_tensors, encode_tensors
-    from swarm.dissem.relay_node import lora_tensors
+    from bench.relay_node import lora_tensors
     from tasks.arith import ArithTask
 
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

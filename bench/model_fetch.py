@@ -69,7 +69,7 @@ def run(args) -> None:
 
 
 def _model_path(name: str) -> Path:
-    from node_agents.models import resolve_gguf
+    from common.default_model import resolve_gguf
 
     p = Path(name).expanduser()
     return p.resolve() if name != "default" and p.is_dir() else resolve_gguf(name).resolve()

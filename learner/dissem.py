@@ -27,6 +27,7 @@ is pushed nothing and told why when it asks (``ManifestReply.reason``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -35,21 +36,21 @@ from typing import Callable
 
 import trio
 
+from learner.adapter_versions import AdapterVersions
 from learner.config import DissemConfig
-from node_agents.backends.base import LoraAdapter
+from common.lora import LoraAdapter
 from swarm.dissem.broadcast import BroadcastSettings, Disseminator, to_subtree
 from swarm.dissem.instructions import build_instructions, sign_instructions
 from swarm.dissem.codec import CodecConfig
 from swarm.dissem.manifest import (
     LayerRange, build_version, decode_version, describe, normalise_ranges, range_of, sign_manifest,
 )
-from swarm.dissem.store import Assembly, ChunkStore
+from swarm.dissem.store import Assembly, VersionStore
 from swarm.discovery.reach import Reach, dial_back, remote_ip_of
 from swarm.dissem.tree import Member, Plan, build_plan, split_by_range
 from swarm.pipeline.layers import slice_for_range
 from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
-from swarm.proto.adapter import AdapterReply, encode_tensors
-from swarm.proto.adapter import decode_tensors as decode_blobs
+from swarm.proto.adapter import AdapterReply
 from swarm.proto.dissem import (
     DissemJoin, DissemJoinAck, HaveAck, HaveVersion, Manifest, ManifestReply, ManifestRequest, PeerRef,
 )
@@ -65,15 +66,16 @@ MAX_HOLDERS_REPLY = 32
 
 
 class LearnerDissem:
-    def __init__(self, host, cfg: DissemConfig, run_id: str) -> None:
+    def __init__(self, host, cfg: DissemConfig, run_id: str, *,
+                 on_encoded: Callable[[AdapterReply], None] | None = None,
+                 admit: Callable[[str], bool] | None = None) -> None:
         self.host = host
         self.cfg = cfg
         self.run_id = run_id
         self.codec = CodecConfig(cfg.codec, cfg.int8_block, cfg.zstd_level)
-        self.store = ChunkStore(host.peer_id, run_id, keep=KEEP_VERSIONS)
+        self.store = VersionStore(host.peer_id, run_id, keep=KEEP_VERSIONS)
         self.settings = BroadcastSettings(stall_timeout_s=cfg.stall_timeout_s)
-        self.dis = Disseminator(host, self.store, self.settings)
-        self.dis.on_unreachable = self.drop
+        self.dis = Disseminator(host, self.store, self.settings, on_unreachable=self.drop)
         self.members: dict[str, Member] = {}
         #: version -> peer id -> its completion report.
         self.have: dict[int, dict[str, HaveVersion]] = {}
@@ -89,9 +91,9 @@ class LearnerDissem:
         self._send, self._recv = trio.open_memory_channel(math.inf)
         self._nursery: trio.Nursery | None = None
         #: Receives each submitted version's direct-fetch reply once it is encoded.
-        self.on_encoded: Callable[[AdapterReply], None] | None = None
+        self.on_encoded = on_encoded
         #: Which peers may register (None: any); the learner admits nodes that said hello.
-        self.admit: Callable[[str], bool] | None = None
+        self.admit = admit
         self._changed = trio.Event()
         #: peer id -> (the addresses measured, the dial-back result).
         self.reach: dict[str, tuple[tuple[str, ...], Reach]] = {}
@@ -289,9 +291,7 @@ class LearnerDissem:
             self._nursery = nursery
             task_status.started()
             async for reply in self._recv:
-                adapter = LoraAdapter(version=reply.version, rank=reply.rank, alpha=reply.alpha,
-                                      target_modules=list(reply.target_modules),
-                                      tensors=decode_blobs(reply.tensors))
+                adapter = reply.to_adapter()
                 decoded = await self.publish(adapter)
                 if self.on_encoded is not None:
                     self.on_encoded(decoded)
@@ -363,22 +363,17 @@ class LearnerDissem:
 
 
 def _reply(adapter: LoraAdapter, tensors: dict) -> AdapterReply:
-    return AdapterReply(version=adapter.version, rank=adapter.rank, alpha=adapter.alpha,
-                        target_modules=list(adapter.target_modules), tensors=encode_tensors(tensors, "float32"))
+    """The direct-fetch reply of ``adapter`` carrying ``tensors`` (what the nodes decode)."""
+    return AdapterReply.from_adapter(dataclasses.replace(adapter, tensors=tensors))
 
 
-async def start_learner_dissem(nursery: trio.Nursery, host, cfg: DissemConfig, service) -> LearnerDissem:
-    """Start the dissemination service beside a :class:`~learner.service.LearnerService`:
-    versions the service publishes are pushed, and its direct-fetch replies are replaced
-    by the decoded tensors every pushed node holds (bit-identical on both paths)."""
-    dissem = LearnerDissem(host, cfg, service.run_id)
+async def start_learner_dissem(nursery: trio.Nursery, host, cfg: DissemConfig, run_id: str, versions: AdapterVersions,
+                               admit: Callable[[str], bool]) -> LearnerDissem:
+    """Start the dissemination service: versions the learner publishes are pushed to the peers
+    ``admit`` accepts (those that said hello), and each version's direct-fetch reply in
+    ``versions`` is replaced by the decoded tensors every pushed node holds (bit-identical on
+    both paths)."""
+    dissem = LearnerDissem(host, cfg, run_id, on_encoded=versions.replace, admit=admit)
     dissem.register()
-
-    def on_encoded(reply: AdapterReply) -> None:
-        if reply.version in service.adapters:
-            service.adapters[reply.version] = reply
-
-    dissem.on_encoded = on_encoded
-    dissem.admit = lambda peer: peer in service.nodes
     await nursery.start(dissem.run)
     return dissem

@@ -7,7 +7,7 @@ manifest (cached after the first time) and signs it with its host key. It then s
 
 - ``MODEL_MANIFEST``: the signed manifest and the peers that hold the model, fully or in
   part (nodes report themselves with ``MODEL_HAVE`` while fetching and once complete);
-- ``MODEL_CHUNKS``: chunks of its own files.
+- ``CHUNKS``: chunks of its own files, through the host's chunk server (``swarm.chunks``).
 
 Both are open to peers that have not said hello yet: a node fetches the model before it can
 load its backend and say hello. :func:`hello_model_check` decides whether a node's model is
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import trio
 
-from swarm.content.manifest import DEFAULT_CHUNK_BYTES, build_model_manifest, sign_model_manifest
+from swarm.chunks.serve import ChunkServer, chunk_server
+from swarm.content.manifest import DEFAULT_CHUNK_BYTES, build_model_manifest, model_content_id, sign_model_manifest
 from swarm.content.model_id import short
-from swarm.content.serve import ModelServer
 from swarm.content.store import ModelCopy
 from swarm.proto import MODEL_HAVE, MODEL_MANIFEST
-from swarm.proto.dissem import PeerRef
+from swarm.proto.chunks import PeerRef
 from swarm.proto.model import (MAX_HOLDERS, ModelHave, ModelHaveAck, ModelManifest, ModelManifestReply,
                                ModelManifestRequest)
 
@@ -50,12 +50,14 @@ def hello_model_check(node_sha: str, node_model: str, run_sha: str, run_model: s
 
 
 class LearnerModelServe:
-    def __init__(self, host, manifest: ModelManifest, source: Path) -> None:
+    def __init__(self, host, manifest: ModelManifest, source: Path, server: ChunkServer | None = None) -> None:
         self.host = host
         self.manifest = manifest
         self.source = Path(source)
-        self.server = ModelServer(host)
-        self.server.add(ModelCopy(manifest, source=self.source))
+        #: The host's chunk server (shared with the adapter dissemination).
+        self.server = server if server is not None else chunk_server(host)
+        #: Model bytes served per peer.
+        self.served: dict[str, int] = {}
         #: peer id -> its latest report.
         self.holders: dict[str, ModelHave] = {}
         #: Name holders in manifest replies (False: every node fetches from the learner alone;
@@ -71,9 +73,12 @@ class LearnerModelServe:
         return self.manifest.content_sha256
 
     def register(self) -> None:
-        self.server.register()
+        self.server.add(model_content_id(self.manifest), ModelCopy(self.manifest, source=self.source), self._count)
         self.host.set_handler(MODEL_MANIFEST, ModelManifestRequest, self.on_manifest)
         self.host.set_handler(MODEL_HAVE, ModelHave, self.on_have)
+
+    def _count(self, peer: str, n: int) -> None:
+        self.served[peer] = self.served.get(peer, 0) + n
 
     def holder_refs(self, exclude: str = "") -> list[PeerRef]:
         """Complete holders first, then the partial ones with the most chunks."""
@@ -118,7 +123,7 @@ class LearnerModelServe:
     def summary(self) -> dict:
         """Per-node fetch figures (for ``swarm.json``)."""
         return {"content_sha256": self.content_sha256, "name": self.manifest.name,
-                "bytes": self.manifest.total_bytes, "served_by_learner": dict(self.server.served),
+                "bytes": self.manifest.total_bytes, "served_by_learner": dict(self.served),
                 "holders": {p: {"complete": h.complete, "chunks": h.chunks, "fetch_s": h.fetch_s,
                                 "from_peers": dict(h.from_peers)} for p, h in self.holders.items()}}
 

@@ -27,11 +27,11 @@ import logging
 
 import trio
 
-from node_agents.backends.base import LoraAdapter
+from common.lora import LoraAdapter
 from swarm.dissem.broadcast import Disseminator
 from swarm.dissem.codec import CodecError
 from swarm.dissem.manifest import LayerRange, ManifestError, decode_version, describe, layers_of, normalise_ranges
-from swarm.dissem.store import Assembly, ChunkStore
+from swarm.dissem.store import Assembly, VersionStore
 from swarm.pipeline.layers import slice_for_range
 from swarm.errors import SwarmError
 from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
@@ -51,7 +51,7 @@ class AdapterSync:
         self.host = host
         self.learner_peer = learner_peer
         self.upload_bps = upload_bps
-        self.store = ChunkStore(learner_peer, run_id=None)
+        self.store = VersionStore(learner_peer, run_id=None)
         self.dis = Disseminator(host, self.store, on_complete=self._report)
         self.mode = "direct"
         self.wait_s = 30.0
@@ -98,7 +98,7 @@ class AdapterSync:
         """Register with the learner's dissemination service (after every hello)."""
         self.register()
         if self.store.run_id != run_id:  # a new run: versions of the old one mean nothing
-            self.store = ChunkStore(self.learner_peer, run_id=run_id, layer_range=self.layer_range)
+            self.store = VersionStore(self.learner_peer, run_id=run_id, layer_range=self.layer_range)
             self.dis.store = self.store
             self.decoded.clear()
         ack = await self._register()

@@ -6,11 +6,13 @@
    that hold the model, and verify the signature against the learner's peer id;
 2. without ``--model`` (the run's model): use the cached copy under
    ``<cache>/models/<content sha256>/`` if complete, else fetch it there chunk by chunk from
-   the learner and the holders at once (``swarm.content.fetch``), resumable after a kill,
+   the learner and the holders at once (the chunk layer's puller, ``swarm.content.fetch``),
+   resumable after a kill,
    with a progress bar on stderr; with ``--model PATH|default``: hash the local model
    (cached by path, size and mtime) and, when it is the run's, serve it to others; a
    different model is left for the learner to refuse at hello;
-3. serve the chunks this node holds to other nodes (``MODEL_CHUNKS``) for the rest of the run,
+3. serve the chunks this node holds to other nodes (``CHUNKS``, the host's chunk server) for
+   the rest of the run,
    and report itself as a holder (``MODEL_HAVE``);
 4. put the model into the backend's format once: llama.cpp gets the GGUF (re-quantised with
    ``--quant`` and cached), or a GGUF converted from an HF directory (``node_agents.convert``);
@@ -27,11 +29,13 @@ from pathlib import Path
 
 import trio
 
-from node_agents.model_cache import cache_root
-from swarm.content.fetch import FetchSettings, ModelFetcher
-from swarm.content.manifest import ManifestError, verify_model_manifest
+from common.model_cache import cache_root
+from swarm.chunks.choice import PullSettings
+from swarm.chunks.pull import Puller
+from swarm.chunks.serve import ChunkServer, chunk_server
+from swarm.content.fetch import model_puller
+from swarm.content.manifest import ManifestError, model_content_id, verify_model_manifest
 from swarm.content.model_id import describe, short
-from swarm.content.serve import ModelServer
 from swarm.content.store import ModelCopy
 from swarm.errors import PeerUnreachable, SwarmError
 from swarm.proto import MODEL_HAVE, MODEL_MANIFEST
@@ -110,7 +114,7 @@ async def run_manifest(host, learner_peer: str) -> tuple[ModelManifest, list]:
     return reply.manifest, reply.holders
 
 
-async def report_have(host, learner_peer: str, copy: ModelCopy, fetcher: ModelFetcher | None = None) -> None:
+async def report_have(host, learner_peer: str, copy: ModelCopy, fetcher: Puller | None = None) -> None:
     advertised = getattr(host, "advertised_addrs", None)  # dialable ones only, never 0.0.0.0
     addrs = advertised(learner_peer) if advertised is not None else list(host.addrs)
     msg = ModelHave(copy.manifest.content_sha256, addrs[:16], copy.count(), copy.complete,
@@ -119,13 +123,12 @@ async def report_have(host, learner_peer: str, copy: ModelCopy, fetcher: ModelFe
 
 
 # ---------------------------------------------------------------------- the whole step
-async def prepare_model(host, learner_peer: str, cfg, server: ModelServer | None = None,
-                        settings: FetchSettings | None = None) -> PreparedModel:
+async def prepare_model(host, learner_peer: str, cfg, server: ChunkServer | None = None,
+                        settings: PullSettings | None = None) -> PreparedModel:
     """The node's model, ready for ``cfg.backend`` (see the module docstring).
     ``cfg``: a ``NodeConfig`` (``model``, ``backend``, ``quant``, ``cache_dir``)."""
     cache_dir = getattr(cfg, "cache_dir", None) or None
-    server = server or ModelServer(host)
-    server.register()
+    server = server if server is not None else chunk_server(host)
     try:
         manifest, holders = await run_manifest(host, learner_peer)
     except PeerUnreachable as e:
@@ -143,7 +146,7 @@ async def prepare_model(host, learner_peer: str, cfg, server: ModelServer | None
     run_sha = manifest.content_sha256
     if is_run_model(cfg.model):
         copy = ModelCopy(manifest, models_root(cache_dir) / run_sha)
-        server.add(copy)
+        server.add(model_content_id(manifest), copy)
         if copy.complete:
             print(f"swarm-node: model {manifest.name} (sha256 {short(run_sha)}) is cached", file=sys.stderr, flush=True)
             fetcher = None
@@ -156,12 +159,11 @@ async def prepare_model(host, learner_peer: str, cfg, server: ModelServer | None
             async def holder_refs():
                 return (await run_manifest(host, learner_peer))[1]
 
-            async def report(f: ModelFetcher):
+            async def report(f: Puller):
                 await report_have(host, learner_peer, copy, f)
 
-            fetcher = ModelFetcher(host, copy, learner_peer, holder_refs, settings or FetchSettings(),
-                                   progress=ProgressBar(manifest.name), report=None)
-            fetcher.report = report
+            fetcher = model_puller(host, copy, learner_peer, holder_refs, settings,
+                                   progress=ProgressBar(manifest.name), report=report)
             await fetcher.run()
         path = await trio.to_thread.run_sync(copy.finish)
         await _report(host, learner_peer, copy, fetcher)
@@ -175,7 +177,7 @@ async def prepare_model(host, learner_peer: str, cfg, server: ModelServer | None
                 copy = ModelCopy(manifest, source=source)
             except FileNotFoundError as e:
                 raise ModelError(str(e)) from e
-            server.add(copy)
+            server.add(model_content_id(manifest), copy)
             await _report(host, learner_peer, copy, None)
         else:
             log.warning("local model %s (sha256 %s) is not the run's %s (sha256 %s)", name, short(sha),
@@ -192,7 +194,7 @@ async def _report(host, learner_peer: str, copy: ModelCopy, fetcher) -> None:
 
 
 def _local_source(model: str) -> Path:
-    from node_agents.models import resolve_gguf
+    from common.default_model import resolve_gguf
 
     path = Path(str(model)).expanduser()
     if str(model) != "default" and path.is_dir():

@@ -1,9 +1,8 @@
 """The model manifest: build it from a model on disk, sign it, verify it.
 
-The signature covers a domain tag followed by msgpack of the manifest's wire dict without
-``signature``, keys sorted at every level (the adapter manifests' scheme, under another
-domain tag so neither can be replayed as the other). The learner's public key comes from
-its peer id (Ed25519 ids embed the key), never from the manifest or the peer that sent it.
+Signing, chunk geometry and chunk checks are the chunk layer's (``swarm.chunks.manifest``),
+under this module's domain tag, so an adapter manifest's signature is never valid for a model
+manifest. The learner's public key comes from its peer id, never from the manifest.
 
 Building reads every byte once (chunk hashes and file hashes in one pass); the unsigned
 result is cached under ``<cache>/manifests/`` keyed by the files' paths, sizes, mtimes and
@@ -19,8 +18,9 @@ from typing import Any
 
 import msgpack
 
+from swarm.chunks.manifest import (ManifestError, check_chunk_hashes, chunk_hash, content_id, sign, signing_payload,
+                                   verify_signed)
 from swarm.content.model_id import ModelFileRef, content_sha256_of, model_files
-from swarm.dissem.manifest import ManifestError, check_signature, chunk_hash, signing_payload
 from swarm.proto.model import ModelFile, ModelManifest
 from swarm.wire import WireError
 
@@ -30,12 +30,17 @@ SIGNING_DOMAIN = b"echo-swarm/model-manifest/1\x00"
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 KINDS = ("gguf", "hf")
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "ManifestError", "build_model_manifest", "canonical_bytes", "chunk_ok",
-           "chunk_range", "sign_model_manifest", "verify_model_manifest"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "ManifestError", "build_model_manifest", "canonical_bytes", "model_content_id",
+           "sign_model_manifest", "verify_model_manifest"]
 
 
 def canonical_bytes(m: ModelManifest) -> bytes:
     return signing_payload(m, SIGNING_DOMAIN)
+
+
+def model_content_id(m: ModelManifest) -> bytes:
+    """The content id its chunks are requested by (``swarm.chunks``)."""
+    return content_id(m, SIGNING_DOMAIN)
 
 
 def _cache_file(cache_dir: Path, files: list[tuple[str, Path]], chunk_bytes: int) -> Path:
@@ -95,15 +100,14 @@ def build_model_manifest(path: Path, *, name: str, signer: str, chunk_bytes: int
 
 def sign_model_manifest(m: ModelManifest, private_key: Any) -> ModelManifest:
     """Sign in place with a libp2p ``PrivateKey`` (the learner host's identity key)."""
-    m.signature = private_key.sign(canonical_bytes(m))
-    return m
+    return sign(m, SIGNING_DOMAIN, private_key)
 
 
 def verify_model_manifest(m: ModelManifest, learner_peer_id: str, content_sha256: str | None = None) -> None:
     """Raise :class:`ManifestError` unless ``m`` is signed by ``learner_peer_id``, is
     self-consistent and (when given) describes the model ``content_sha256``."""
     tag = f"model manifest {m.content_sha256[:12]}"
-    check_signature(m.signer, m.signature, canonical_bytes(m), learner_peer_id, tag)
+    verify_signed(m, SIGNING_DOMAIN, learner_peer_id, tag)
     if content_sha256 is not None and m.content_sha256 != content_sha256:
         raise ManifestError(f"{tag} is not the model {content_sha256[:12]} that was asked for")
     check_consistent(m)
@@ -123,26 +127,8 @@ def check_consistent(m: ModelManifest) -> None:
             raise ManifestError(f"unsafe file path in manifest: {rel!r}")
     if sum(f.size for f in m.files) != m.total_bytes:
         raise ManifestError("file sizes do not add up to total_bytes")
-    expected = max(1, -(-m.total_bytes // m.chunk_bytes))
-    if len(m.chunk_hashes) != expected:
-        raise ManifestError(f"{len(m.chunk_hashes)} chunk hashes for {m.total_bytes} bytes in {m.chunk_bytes}-byte chunks")
-    if any(len(h) != 32 for h in m.chunk_hashes):
-        raise ManifestError("chunk hashes must be 32-byte SHA-256 digests")
+    check_chunk_hashes(m)
     refs = [ModelFileRef(f.relpath, f.size, f.sha256) for f in m.files]
     if content_sha256_of(refs, m.kind == "hf") != m.content_sha256:
         raise ManifestError("the content hash does not match the files' hashes")
 
-
-def chunk_range(m: ModelManifest, index: int) -> tuple[int, int]:
-    """``(offset, size)`` of chunk ``index`` in the concatenated files."""
-    if not 0 <= index < len(m.chunk_hashes):
-        raise IndexError(f"chunk {index} of {len(m.chunk_hashes)}")
-    start = index * m.chunk_bytes
-    return start, min(m.chunk_bytes, m.total_bytes - start)
-
-
-def chunk_ok(m: ModelManifest, index: int, data: bytes) -> bool:
-    """Whether ``data`` is chunk ``index`` of ``m`` (right size and SHA-256)."""
-    if not 0 <= index < len(m.chunk_hashes):
-        return False
-    return len(data) == chunk_range(m, index)[1] and chunk_hash(data) == m.chunk_hashes[index]

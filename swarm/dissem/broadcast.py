@@ -16,9 +16,12 @@ learner (which holds complete versions) and every node.
   stream (the parent is marked bad) and the chunk is fetched elsewhere.
 - **Repair**: a parent stream that ends early, stalls (no frame within
   ``stall_timeout_s``) or sends a bad chunk marks its stripe as failed; if no chunk at
-  all arrives for ``stall_timeout_s`` every missing chunk counts. Failed chunks are fetched
-  (``DISSEM_CHUNKS``) from the holders in random order, the learner last, skipping
-  peers that sent bad data. Repaired chunks are forwarded down the tree like pushed ones.
+  all arrives for ``stall_timeout_s`` every missing chunk counts. Failed chunks are pulled
+  (``CHUNKS``, the chunk layer's :class:`~swarm.chunks.pull.Puller`) from up to
+  ``repair_peers`` holders at once, each asked for what its have-map names, the learner
+  only for what no holder has; peers that sent bad data are never asked again. Repaired
+  chunks are forwarded down the tree like pushed ones. Every held version is served to
+  other peers' pulls through the host's chunk server (``swarm.chunks.serve``).
 - **Adoption**: a sender that cannot reach a child feeds the child's children itself.
 - **Signed instructions**: the layout (every stripe's tree with addresses, and the holders) is
   signed by the learner (:mod:`swarm.dissem.instructions`) and relayed unchanged; a receiver
@@ -37,20 +40,25 @@ learner (which holds complete versions) and every node.
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import trio
 
+from swarm.chunks.manifest import ManifestError
+from swarm.chunks.choice import PullSettings
+from swarm.chunks.pull import PullError, Puller
+from swarm.chunks.serve import ChunkServer, chunk_server
+from swarm.chunks.streams import close_stream
 from swarm.dissem.instructions import children_of, verify_instructions
-from swarm.dissem.manifest import LayerRange, ManifestError, layers_of, range_of
-from swarm.dissem.store import Assembly, ChunkStore
+from swarm.dissem.manifest import LayerRange, range_of
+from swarm.dissem.store import Assembly, VersionStore
 from swarm.dissem.tree import Plan, TreeNode
 from swarm.errors import EndOfStream, FrameError, SwarmError, SwarmTimeout
 from swarm.framing import read_frame, write_frame
-from swarm.proto import DISSEM_CHUNKS, DISSEM_PUSH
-from swarm.proto.dissem import ChunkFrame, ChunkReply, ChunkRequest, Instructions, PeerRef, PushHeader, Subtree
+from swarm.proto import DISSEM_PUSH
+from swarm.proto.chunks import ChunkFrame, PeerRef
+from swarm.proto.dissem import Instructions, PushHeader, Subtree
 from swarm.wire import WireError
 
 log = logging.getLogger(__name__)
@@ -63,17 +71,29 @@ class BroadcastSettings:
     stall_timeout_s: float = 5.0
     #: Give up on a version after this long (s) without any new chunk.
     give_up_s: float = 60.0
-    #: Most chunks asked for in one repair request.
+    #: Most holders a repair pulls from at once (the learner, asked last, not counted).
+    repair_peers: int = 8
+    #: Most chunks asked of one peer in one repair request.
     repair_batch: int = 16
-    #: Pause (s) after a repair round in which no holder had anything; doubles to 2 s.
-    repair_backoff_s: float = 0.1
-    #: Deadline (s) of one repair request.
+    #: Pause (s) before asking a holder again that had nothing this node needs.
+    repair_backoff_s: float = 0.2
+    #: How often (s) a repair restarts workers that gave up (the learner's, failed holders').
+    repair_refresh_s: float = 1.0
+    #: Longest wait (s) for the holders' first have-maps before the learner is asked.
+    repair_probe_wait_s: float = 1.0
+    #: Deadline (s) of one repair request, and of dialling one holder.
     request_timeout_s: float = 10.0
-    #: Largest ChunkReply body (bytes); keep below the host's frame cap.
-    max_reply_bytes: int = 8 * 1024 * 1024
     #: Pause (s) before each chunk sent on a push stream: user-space per-chunk latency for
     #: emulated links (the kernel here has no netem). 0 in normal operation.
     send_delay_s: float = 0.0
+
+
+    def pull_settings(self) -> PullSettings:
+        """The repair puller's settings."""
+        return PullSettings(batch=self.repair_batch, request_timeout_s=self.request_timeout_s,
+                            dial_timeout_s=self.request_timeout_s, holder_refresh_s=self.repair_refresh_s,
+                            empty_backoff_s=self.repair_backoff_s, give_up_s=self.give_up_s,
+                            max_peers=self.repair_peers, probe_wait_s=self.repair_probe_wait_s)
 
 
 OnComplete = Callable[[Assembly], Awaitable[None]]
@@ -87,19 +107,21 @@ def to_subtree(node: TreeNode, addrs: dict[str, list[str]]) -> Subtree:
 
 
 class Disseminator:
-    def __init__(self, host, store: ChunkStore, settings: BroadcastSettings | None = None,
-                 on_complete: OnComplete | None = None) -> None:
+    def __init__(self, host, store: VersionStore, settings: BroadcastSettings | None = None,
+                 on_complete: OnComplete | None = None, server: ChunkServer | None = None,
+                 on_unreachable: Callable[[str], None] | None = None) -> None:
         self.host = host
         self.store = store
+        #: Serves held versions to other peers' repair pulls (the host's, shared with other content).
+        self.server = server if server is not None else chunk_server(host)
         self.settings = settings or BroadcastSettings()
         self.on_complete = on_complete
         #: Called with the peer id of a child that could not be reached (the learner drops it).
-        self.on_unreachable: Callable[[str], None] | None = None
+        self.on_unreachable = on_unreachable
         #: Peer id -> multiaddrs learnt from headers and plans (used to dial holders and children).
         self.addrs: dict[str, list[str]] = {}
         #: ``(version, layer range)`` of the assemblies being repaired.
         self._repairing: set[tuple[int, LayerRange]] = set()
-        self._rng = random.Random()
         #: (version, layer range) -> the learner's signed relay instructions, forwarded in every
         #: header we send.
         self.instructions: dict[tuple[int, LayerRange], Instructions] = {}
@@ -117,7 +139,10 @@ class Disseminator:
 
     def register(self) -> None:
         self.host.set_stream_handler(DISSEM_PUSH, self._on_push)
-        self.host.set_handler(DISSEM_CHUNKS, ChunkRequest, self._on_chunks)
+        self.server.add_lookup(lambda content_id: self.store.by_content_id(content_id), self._count_served)
+
+    def _count_served(self, peer: str, n: int) -> None:
+        self.sent_bytes[peer] = self.sent_bytes.get(peer, 0) + n
 
     # ------------------------------------------------------------------ sending
 
@@ -165,7 +190,7 @@ class Disseminator:
         except (SwarmError, WireError) as e:
             log.warning("v%d: announce to %s failed: %s", asm.version, ref.peer_id[-8:], e)
         finally:
-            await _close(stream, reset=not ok)
+            await close_stream(stream, reset=not ok)
 
     async def feed(self, asm: Assembly, stripe: int, stripes: int, sub: Subtree, holders: list[PeerRef]) -> None:
         """Send stripe ``stripe`` of ``asm`` to ``sub.peer`` (who relays to its children)."""
@@ -215,7 +240,7 @@ class Disseminator:
         except (SwarmError, WireError) as e:
             log.warning("v%d stripe %d: push to %s failed: %s", asm.version, stripe, child[-8:], e)
         finally:
-            await _close(stream, reset=not ok)
+            await close_stream(stream, reset=not ok)
 
     # ------------------------------------------------------------------ receiving
 
@@ -230,11 +255,11 @@ class Disseminator:
             children, holders = self._follow(header, parent)
         except ManifestError as e:
             log.warning("rejected a pushed manifest from %s: %s", parent[-8:], e)
-            await _close(stream, reset=True)
+            await close_stream(stream, reset=True)
             return
         except (SwarmError, WireError) as e:
             log.warning("bad push header from %s: %s", parent[-8:], e)
-            await _close(stream, reset=True)
+            await close_stream(stream, reset=True)
             return
         for h in holders:
             self.addrs.setdefault(h.peer_id, list(h.addrs))
@@ -282,7 +307,7 @@ class Disseminator:
             reason = f"stalled for {s.stall_timeout_s} s"
         except (FrameError, SwarmError, WireError) as e:
             reason = f"{type(e).__name__}: {e}"
-        await _close(stream, reset=bool(reason))
+        await close_stream(stream, reset=bool(reason))
         missing = asm.missing(stripe, stripes)
         if missing:
             log.warning("v%d stripe %d from %s ended with %d chunk(s) missing%s; repairing",
@@ -312,68 +337,40 @@ class Disseminator:
                     return
                 if idle >= s.stall_timeout_s:
                     asm.fail_all()
-                targets = asm.failed_missing()
-                if not targets:
+                if not asm.failed_missing():
                     with trio.move_on_after(s.stall_timeout_s - idle):
                         await asm.wait_changed()
                     continue
-                got = await self._fetch_round(asm, targets, holders)
-                if not got and not asm.complete.is_set():
-                    asm.repair_idle_rounds += 1
-                    await trio.sleep(min(2.0, s.repair_backoff_s * 2 ** min(asm.repair_idle_rounds, 5)))
-                else:
-                    asm.repair_idle_rounds = 0
+                try:
+                    await self.repair_puller(asm, holders).run()
+                except PullError as e:
+                    log.warning("v%d: giving up with %d chunk(s) missing: %s", asm.version, len(asm.missing()), e)
+                    return
             if self.on_complete is not None and not asm.reported:
                 asm.reported = True
                 await self.on_complete(asm)
         finally:
             self._repairing.discard(asm.key)
 
-    async def _fetch_round(self, asm: Assembly, targets: list[int], holders: list[PeerRef]) -> int:
-        me, learner = self.host.peer_id, self.store.learner_peer_id
-        peers = [h for h in holders if h.peer_id not in (me, learner) and h.peer_id not in asm.bad_peers]
-        self._rng.shuffle(peers)
-        if learner != me and learner not in asm.bad_peers:
-            peers.append(PeerRef(learner, self.addrs.get(learner, [])))
-        got = 0
-        for ref in peers:
-            want = [i for i in targets if not asm.has(i)][: self.settings.repair_batch]
-            if not want:
-                break
-            try:
-                if ref.peer_id != learner:
-                    await self._dial(ref)
-                reply = await self.host.request(ref.peer_id, DISSEM_CHUNKS,
-                                                ChunkRequest(asm.version, want, layers_of(asm.layer_range)),
-                                                ChunkReply, timeout=self.settings.request_timeout_s)
-            except (SwarmError, WireError) as e:
-                log.info("v%d: repair request to %s failed: %s", asm.version, ref.peer_id[-8:], e)
-                continue
-            for frame in reply.chunks:
-                if reply.version != asm.version or range_of(reply.layers) != asm.layer_range \
-                        or frame.index not in want \
-                        or not asm.add(frame.index, frame.data, source=ref.peer_id, repaired=True):
-                    log.warning("v%d: %s served a bad chunk; not asking it again", asm.version, ref.peer_id[-8:])
-                    asm.bad_peers.add(ref.peer_id)
-                    break
-                got += 1
-        return got
+    def repair_puller(self, asm: Assembly, holders: list[PeerRef]) -> Puller:
+        """The puller of ``asm``'s failed chunks: from up to ``repair_peers`` holders at once, the
+        learner only for what none of them holds."""
+        s = self.settings
+        learner = self.store.learner_peer_id
+        refs = [PeerRef(h.peer_id, list(h.addrs) or self.addrs.get(h.peer_id, [])) for h in holders]
 
-    async def _on_chunks(self, msg: ChunkRequest, peer: str) -> ChunkReply:
-        asm = self.store.get(msg.version, range_of(msg.layers))
-        out: list[ChunkFrame] = []
-        size = 0
-        if asm is not None:
-            for i in msg.indices:
-                if asm.has(i):
-                    data = asm.chunks[i]
-                    if size + len(data) > self.settings.max_reply_bytes and out:  # type: ignore[arg-type]
-                        break
-                    out.append(ChunkFrame(i, data))  # type: ignore[arg-type]
-                    size += len(data)  # type: ignore[arg-type]
-        if size:
-            self.sent_bytes[peer] = self.sent_bytes.get(peer, 0) + size
-        return ChunkReply(msg.version, out, list(msg.layers))
+        async def sources() -> list[PeerRef]:
+            return refs
+
+        def wanted() -> list[int]:
+            if trio.current_time() - asm.last_progress >= s.stall_timeout_s:
+                asm.fail_all()
+            return asm.failed_missing()
+
+        return Puller(self.host, asm, asm.content_id, sources, anchor=learner if learner != self.host.peer_id else "",
+                      anchor_last=True, settings=s.pull_settings(), wanted=wanted,
+                      add=lambda i, data, peer: asm.add(i, data, source=peer, repaired=True),
+                      changed=asm.wait_changed, idle_since=lambda: asm.last_progress, bad_peers=asm.bad_peers)
 
 
 class _Counting:
@@ -385,11 +382,3 @@ class _Counting:
     async def write(self, data: bytes) -> None:
         await self.stream.write(data)
         self.counts[self.peer] = self.counts.get(self.peer, 0) + len(data)
-
-
-async def _close(stream, *, reset: bool) -> None:
-    with trio.CancelScope(shield=True, deadline=trio.current_time() + 2.0):
-        try:
-            await (stream.reset() if reset else stream.close())
-        except Exception as e:
-            log.debug("closing a dissemination stream failed: %s", e)

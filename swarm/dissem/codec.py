@@ -25,7 +25,7 @@ error is bounded by its codec's bound on the difference (plus float32 rounding o
 subtraction and re-addition, so ``fp32`` deltas are exact only up to that rounding).
 
 Decoding gives float32 numpy arrays keyed by peft state-dict names, the backend-neutral
-:class:`~node_agents.backends.base.LoraAdapter` form every backend's ``set_adapter`` takes
+:class:`~common.lora.LoraAdapter` form every backend's ``set_adapter`` takes
 (llama.cpp converts it to a GGUF LoRA, MLX transposes it).
 """
 

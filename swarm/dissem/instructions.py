@@ -3,7 +3,7 @@
 The learner signs, per version, the whole broadcast layout (every stripe's tree with each
 peer's addresses, and the holders to repair from) with its host's Ed25519 key, over a domain
 tag and msgpack of the fields with map keys sorted (as manifests are signed, see
-:mod:`swarm.dissem.manifest`). The instructions travel unchanged in every push header down the
+:mod:`swarm.chunks.manifest`). The instructions travel unchanged in every push header down the
 tree. A node checks them against the learner peer id it was configured with, the run and the
 version of the (separately signed) manifest, then takes its children from its own place in the
 signed tree and its repair sources from the signed holders. It never follows the ``children`` /
@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from swarm.dissem.manifest import (
-    LayerRange, ManifestError, check_signature, describe, layers_of, range_of, signing_payload,
-)
+from swarm.chunks.manifest import ManifestError, sign, signing_payload, verify_signed
+from swarm.dissem.manifest import LayerRange, describe, layers_of, range_of
 from swarm.proto.dissem import Instructions, PeerRef, StripeTree, Subtree
 
 #: Prepended to the signed bytes so these signatures cannot be replayed as another message's.
@@ -40,16 +39,14 @@ def build_instructions(run_id: str, version: int, stripes: int, roots: list[list
 
 
 def sign_instructions(instr: Instructions, private_key: Any) -> Instructions:
-    instr.signature = private_key.sign(canonical_bytes(instr))
-    return instr
+    return sign(instr, SIGNING_DOMAIN, private_key)
 
 
 def verify_instructions(instr: Instructions, learner_peer_id: str, run_id: str | None, version: int,
                         layers: LayerRange = None) -> None:
     """Raise :class:`ManifestError` unless ``instr`` is the learner's, for this run, version and
     layer range (``None``: the whole adapter)."""
-    check_signature(instr.signer, instr.signature, canonical_bytes(instr), learner_peer_id,
-                    f"relay instructions for v{instr.version}")
+    verify_signed(instr, SIGNING_DOMAIN, learner_peer_id, f"relay instructions for v{instr.version}")
     if run_id is not None and instr.run_id != run_id:
         raise ManifestError(f"relay instructions are for run {instr.run_id}, not {run_id}")
     if instr.version != version:

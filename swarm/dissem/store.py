@@ -1,8 +1,9 @@
 """Chunks of adapter versions held by one peer (a node, or the learner that made them).
 
-An :class:`Assembly` gathers one version's chunks. Its manifest was verified before the
-assembly exists (:meth:`ChunkStore.accept`), and every chunk is checked against the
-manifest's SHA-256 on arrival, so whatever a relay sends, only the learner's bytes are
+An :class:`Assembly` gathers one version's chunks: an in-memory chunk store of the chunk layer
+(:class:`swarm.chunks.store.MemoryChunks`) with the push tree's bookkeeping. Its manifest was
+verified before the assembly exists (:meth:`VersionStore.accept`), and every chunk is checked
+against the manifest's SHA-256 on arrival, so whatever a relay sends, only the learner's bytes are
 kept and forwarded. ``order`` lists the chunk indices in arrival order: relays forward
 from it, so a chunk fetched by repair flows on down the tree like a pushed one.
 
@@ -19,22 +20,23 @@ import time
 
 import trio
 
+from swarm.chunks.manifest import ManifestError
+from swarm.chunks.store import MemoryChunks
 from swarm.dissem.manifest import (
-    LayerRange, ManifestError, canonical_bytes, chunk_ok, content_key, describe, range_of, verify_manifest,
+    LayerRange, adapter_content_id, canonical_bytes, content_key, describe, range_of, verify_manifest,
 )
 from swarm.proto.dissem import Manifest
 
 log = logging.getLogger(__name__)
 
 
-class Assembly:
+class Assembly(MemoryChunks):
+    manifest: Manifest
+
     def __init__(self, manifest: Manifest, chunks: list[bytes] | None = None) -> None:
-        self.manifest = manifest
-        n = len(manifest.chunk_hashes)
-        self.chunks: list[bytes | None] = list(chunks) if chunks is not None else [None] * n
-        if len(self.chunks) != n:
-            raise ValueError(f"{len(self.chunks)} chunks for a manifest of {n}")
-        self.order: list[int] = [i for i, c in enumerate(self.chunks) if c is not None]
+        super().__init__(manifest, chunks)
+        #: What chunk requests name this version's manifest by.
+        self.content_id = adapter_content_id(manifest)
         self.complete = trio.Event()
         self._changed = trio.Event()
         #: Chunks that came down push streams / through repair fetches / were rejected.
@@ -53,7 +55,7 @@ class Assembly:
         self.repair_idle_rounds = 0
         #: Whether completion was already reported (a late stream must not report it again).
         self.reported = False
-        if len(self.order) == n:
+        if len(self.order) == self.n:
             self._finish()
 
     @property
@@ -72,21 +74,16 @@ class Assembly:
     def missing(self, stripe: int | None = None, stripes: int = 1) -> list[int]:
         return [i for i, c in enumerate(self.chunks) if c is None and (stripe is None or i % stripes == stripe)]
 
-    def has(self, index: int) -> bool:
-        return 0 <= index < len(self.chunks) and self.chunks[index] is not None
-
-    def add(self, index: int, data: bytes, *, source: str, repaired: bool = False) -> bool:
+    def add(self, index: int, data: bytes, *, source: str = "", repaired: bool = False) -> bool:
         """Store chunk ``index`` if it matches the manifest. Returns False (and logs) for a
         bad chunk; a duplicate of a held chunk is ignored (True)."""
         if self.has(index):
             return True
-        if not chunk_ok(self.manifest, index, data):
+        if not super().add(index, data):
             self.rejected += 1
             log.warning("rejected chunk %d of v%d from %s: size or SHA-256 does not match the manifest",
                         index, self.version, source[-8:])
             return False
-        self.chunks[index] = bytes(data)
-        self.order.append(index)
         self.sources[source] = self.sources.get(source, 0) + 1
         if repaired:
             self.repaired += 1
@@ -94,7 +91,7 @@ class Assembly:
             self.pushed += 1
         self.last_progress = trio.current_time()
         self._poke()
-        if len(self.order) == len(self.chunks):
+        if len(self.order) == self.n:
             self._finish()
         return True
 
@@ -130,10 +127,10 @@ class Assembly:
     def payload(self) -> bytes:
         if not self.complete.is_set():
             raise RuntimeError(f"v{self.version} is not complete")
-        return b"".join(self.chunks)  # type: ignore[arg-type]
+        return super().payload()
 
 
-class ChunkStore:
+class VersionStore:
     """Versions held by one peer; keeps the newest ``keep`` version numbers (each with
     whatever layer ranges of it are held)."""
 
@@ -145,6 +142,7 @@ class ChunkStore:
         #: The only manifests :meth:`accept` takes: of this layer range (``None``: the whole adapter).
         self.layer_range = layer_range
         self.versions: dict[tuple[int, LayerRange], Assembly] = {}
+        self._by_id: dict[bytes, Assembly] = {}
         self._new_version = trio.Event()
 
     def accept(self, manifest: Manifest) -> Assembly:
@@ -168,6 +166,7 @@ class ChunkStore:
         kept = set(sorted({v for v, _ in self.versions})[-self.keep:])
         for key in [k for k in self.versions if k[0] not in kept]:
             del self.versions[key]
+        self._by_id = {a.content_id: a for a in self.versions.values()}
         self._new_version.set()
         self._new_version = trio.Event()
         return assembly
@@ -175,6 +174,10 @@ class ChunkStore:
     def get(self, version: int, layer_range: LayerRange = None) -> Assembly | None:
         """The assembly of ``version``'s manifest for ``layer_range`` (``None``: the whole adapter)."""
         return self.versions.get((version, layer_range))
+
+    def by_content_id(self, content_id: bytes) -> Assembly | None:
+        """The assembly whose manifest has ``content_id`` (what chunk requests name)."""
+        return self._by_id.get(content_id)
 
     async def wait_version(self, version: int, layer_range: LayerRange = None) -> Assembly:
         while (version, layer_range) not in self.versions:

@@ -13,17 +13,19 @@ HELLO = protocol_id("hello")
 WORK = protocol_id("work")
 ROLLOUTS = protocol_id("rollouts")
 ADAPTER = protocol_id("adapter")
+#: Chunk pulls between peers (``swarm.proto.chunks``), for every content kind (adapter versions,
+#: the base model): one request/reply pair with a have-map, content named by its manifest's id.
+#: Version 2: it replaces ``dissem-chunks/1.0.0`` and ``model-chunks/1.0.0`` (other messages).
+CHUNKS = f"{PROTOCOL_PREFIX}/chunks/2.0.0"
 #: Adapter dissemination (``swarm.proto.dissem``): chunk push streams down the broadcast tree,
-#: chunk fetches between peers, node registration, manifest fetch and completion reports.
+#: node registration, manifest fetch and completion reports.
 DISSEM_PUSH = protocol_id("dissem-push")
-DISSEM_CHUNKS = protocol_id("dissem-chunks")
 DISSEM_JOIN = protocol_id("dissem-join")
 DISSEM_MANIFEST = protocol_id("dissem-manifest")
 DISSEM_HAVE = protocol_id("dissem-have")
 #: Discovery (``swarm.proto.discovery``): ask any member which run it belongs to.
 RUN_INFO = protocol_id("run-info")
-#: Base-model transfer (``swarm.proto.model``): the learner's signed model manifest (+ holders),
-#: chunk fetches from any holder, and holders' reports to the learner.
+#: Base-model transfer (``swarm.proto.model``): the learner's signed model manifest (+ holders)
+#: and holders' reports to the learner (chunks travel on ``CHUNKS``).
 MODEL_MANIFEST = protocol_id("model-manifest")
-MODEL_CHUNKS = protocol_id("model-chunks")
 MODEL_HAVE = protocol_id("model-have")

@@ -1,8 +1,9 @@
 """Adapter dissemination messages (see ``docs/architecture.md``, "Adapter dissemination").
 
 Push streams (``DISSEM_PUSH``) are not request/response: the sender writes one
-:class:`PushHeader` frame, then one :class:`ChunkFrame` per chunk of its stripe, then
-closes the stream. Everything else is one request and one reply.
+:class:`PushHeader` frame, then one :class:`~swarm.proto.chunks.ChunkFrame` per chunk of its
+stripe, then closes the stream. Chunk pulls (repair) use the chunk layer's messages
+(``swarm.proto.chunks``, ``CHUNKS``). Everything else is one request and one reply.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from swarm.proto.chunks import MAX_CHUNKS, PeerRef
 from swarm.wire import Message, WireError, bounded, bounded_default
 
-#: Most tensors in one manifest and most chunks of one version.
+#: Most tensors in one manifest.
 MAX_TENSORS = 100_000
-MAX_CHUNKS = 1_000_000
 #: Highest layer number a layer range may name.
 MAX_LAYER = 1 << 16
 
@@ -104,14 +105,6 @@ class Manifest(_SignedLayers, Message):
 
 
 @dataclass
-class PeerRef(Message):
-    KIND = "peer_ref"
-    peer_id: str
-    #: Multiaddrs (each ending in ``/p2p/<peer id>``) the peer can be dialled on.
-    addrs: list[str] = bounded(max_items=16)
-
-
-@dataclass
 class Subtree(Message):
     """A node and the nodes it relays to (for one stripe)."""
 
@@ -165,13 +158,6 @@ class PushHeader(Message):
 
 
 @dataclass
-class ChunkFrame(Message):
-    KIND = "chunk"
-    index: int = bounded(min=0)
-    data: bytes = b""
-
-
-@dataclass
 class DissemJoin(_LayersChecked, Message):
     """A node announces where it can be dialled, its upload bandwidth and the layers it serves."""
 
@@ -196,25 +182,6 @@ class DissemJoinAck(Message):
     #: Newest version published before this join (-1: none); it will not be pushed to the
     #: node, which fetches it from peers (the learner last) when it needs it.
     current_version: int = bounded_default(-1, min=-1)
-
-
-@dataclass
-class ChunkRequest(_LayersChecked, Message):
-    KIND = "chunk_request"
-    version: int = bounded(min=0)
-    indices: list[int] = bounded(max_items=MAX_CHUNKS)
-    #: Which manifest of the version (``[]``: the whole adapter's).
-    layers: list[int] = layers_field()
-
-
-@dataclass
-class ChunkReply(_LayersChecked, Message):
-    """The requested chunks the peer holds (possibly none, possibly fewer than asked)."""
-
-    KIND = "chunk_reply"
-    version: int
-    chunks: list[ChunkFrame] = field(default_factory=list)
-    layers: list[int] = layers_field()
 
 
 @dataclass

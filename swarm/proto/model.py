@@ -1,5 +1,5 @@
-"""Base-model transfer messages: the learner's signed model manifest, chunk requests
-between peers, and holder reports (see ``swarm.content``).
+"""Base-model transfer messages: the learner's signed model manifest and holder reports
+(see ``swarm.content``). Chunks travel on the chunk layer (``swarm.proto.chunks``).
 
 A model travels as the concatenation of its files (in manifest order) cut into
 ``chunk_bytes`` chunks; every chunk has its SHA-256 in the manifest, and the manifest is
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from swarm.proto.dissem import MAX_CHUNKS, ChunkFrame, PeerRef
+from swarm.proto.chunks import MAX_CHUNKS, PeerRef
 from swarm.wire import Message, bounded, bounded_default
 
 #: Most files in one model directory.
@@ -69,25 +69,6 @@ class ModelManifestReply(Message):
     holders: list[PeerRef] = field(default_factory=list)
     #: Why there is no manifest.
     reason: str = ""
-
-
-@dataclass
-class ModelChunkRequest(Message):
-    KIND = "model_chunk_request"
-    content_sha256: str
-    indices: list[int] = bounded(max_items=4096)
-
-
-@dataclass
-class ModelChunkReply(Message):
-    """The requested chunks the peer holds (possibly none, possibly fewer than asked), and
-    a bitmap of every chunk it holds (bit ``i % 8`` of byte ``i // 8``), so the asker can
-    pick what to ask it for next."""
-
-    KIND = "model_chunk_reply"
-    content_sha256: str
-    chunks: list[ChunkFrame] = field(default_factory=list)
-    have: bytes = b""
 
 
 @dataclass

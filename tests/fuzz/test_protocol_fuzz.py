@@ -19,10 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swarm.framing import encode_frame
-from swarm.proto import (ADAPTER, DISSEM_CHUNKS, DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST, DISSEM_PUSH, HELLO,
-                         ROLLOUTS, WORK)
+from swarm.proto import (ADAPTER, CHUNKS, DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST, DISSEM_PUSH, HELLO, ROLLOUTS,
+                         WORK)
 from swarm.proto.adapter import AdapterRequest
-from swarm.proto.dissem import ChunkRequest, DissemJoin, HaveVersion, ManifestRequest
+from swarm.proto.chunks import ChunkRequest
+from swarm.proto.dissem import DissemJoin, HaveVersion, ManifestRequest
 from swarm.proto.hello import Hello
 from swarm.proto.rollouts import Completion, GroupResult, RolloutPush
 from swarm.proto.work import WorkRequest
@@ -36,9 +37,9 @@ HANDLERS = [
     ("learner", DISSEM_JOIN, DissemJoin(addrs=[], upload_bps=1.0)),
     ("learner", DISSEM_MANIFEST, ManifestRequest(version=0)),
     ("learner", DISSEM_HAVE, HaveVersion(version=0, completed_at=0.0)),
-    ("learner", DISSEM_CHUNKS, ChunkRequest(version=0, indices=[0])),
-    ("node", DISSEM_PUSH, ChunkRequest(version=0, indices=[0])),  # any frame: a push header is expected
-    ("node", DISSEM_CHUNKS, ChunkRequest(version=0, indices=[0])),
+    ("learner", CHUNKS, ChunkRequest(content_id=bytes(32), indices=[0])),
+    ("node", DISSEM_PUSH, ChunkRequest(content_id=bytes(32), indices=[0])),  # any frame: a push header is expected
+    ("node", CHUNKS, ChunkRequest(content_id=bytes(32), indices=[0])),
 ]
 COUNTS = {"inputs": 0}
 

@@ -24,7 +24,7 @@ import trio
 from learner.config import LearnerConfig
 from learner.demo import stop_processes
 from learner.loop import run_learner
-from node_agents.models import default_gguf_path
+from common.default_model import default_gguf_path
 from swarm.config import load_config
 from swarm.content.model_id import content_sha256, file_sha256
 
@@ -71,12 +71,12 @@ def test_nodes_fetch_the_run_model_and_a_different_model_is_refused(tmp_path):
         'network.listen="/ip4/127.0.0.1/tcp/0"',  # not the launch default 0.0.0.0:4001
         f"model.name={model}", "train.steps=1", "train.prompts_per_step=2", "train.group_size=2",
         "train.max_tokens=8", "train.micro_batch=4", "train.checkpoint_every=0", "sync.long_poll_s=1.0",
+        "sync.min_waiting_nodes=2",  # both good nodes take part in the step
     ])
     procs: list[subprocess.Popen] = []
     seen: dict = {}
 
     def on_service(service):
-        service.min_waiting = 2  # both good nodes take part in the step
         seen["service"] = service
 
     async def main():

@@ -12,10 +12,11 @@ import trio
 
 from learner.model_serve import hello_model_check, start_model_serve
 from node_agents.model_fetch import ModelError, for_backend, prepare_model, run_manifest
-from swarm.content.manifest import chunk_range
-from swarm.content.fetch import FetchSettings, ModelFetcher
+from swarm.chunks.manifest import chunk_range
+from swarm.chunks.serve import chunk_server
+from swarm.content.fetch import FetchSettings, model_puller
+from swarm.content.manifest import model_content_id
 from swarm.content.model_id import content_sha256, short
-from swarm.content.serve import ModelServer
 from swarm.content.store import ModelCopy
 from swarm.host import open_host
 
@@ -72,16 +73,14 @@ def test_fetch_from_learner_and_a_holder_with_a_corrupt_peer(tmp_path, model_fil
             serve.server.max_reply_bytes = CHUNK  # one slow chunk per reply: A is asked before the learner is done
             slow(serve.server)
             # peer A claims the model but corrupts what it sends; it is reported as a holder
-            a_server = ModelServer(ah)
-            a_server.register()
-            a_server.add(CorruptCopy(serve.manifest, source=model_file))
+            chunk_server(ah).add(model_content_id(serve.manifest), CorruptCopy(serve.manifest, source=model_file))
             from swarm.proto.model import ModelHave
             await serve.on_have(ModelHave(serve.content_sha256, ah.addrs, 40 + 1, True), ah.peer_id)
             learner = await bh.connect(lh.addrs[0])
             manifest, holders = await run_manifest(bh, learner)
             assert [h.peer_id for h in holders] == [ah.peer_id]
             copy = ModelCopy(manifest, tmp_path / "B-store" / manifest.content_sha256)
-            fetcher = ModelFetcher(bh, copy, learner, lambda: holders_of(bh, learner), FAST)
+            fetcher = model_puller(bh, copy, learner, lambda: holders_of(bh, learner), FAST)
             await fetcher.run()
             out.update(path=copy.finish(), from_peers=fetcher.from_peers, bad=fetcher.bad_peers, a=ah.peer_id,
                        learner=learner)
@@ -136,15 +135,17 @@ def test_a_killed_fetch_resumes_without_refetching_finished_chunks(tmp_path, mod
             learner = await bh.connect(lh.addrs[0])
             store = tmp_path / "B-store" / serve.content_sha256
             first = ModelCopy(serve.manifest, store)
-            f1 = ModelFetcher(bh, first, learner, lambda: holders_of(bh, learner), FAST)
             with trio.move_on_after(30) as scope:
-                f1.progress = lambda done, total, rate, peers: scope.cancel() if first.count() >= 10 else None
+                def kill(done, total, rate, peers):
+                    if first.count() >= 10:
+                        scope.cancel()
+                f1 = model_puller(bh, first, learner, lambda: holders_of(bh, learner), FAST, progress=kill)
                 await f1.run()
             out["held_after_kill"] = first.count()
             again = ModelCopy(serve.manifest, store)  # a new process opens the same store
             out["resumed_with"] = again.count()
             out["left"] = sum(chunk_range(serve.manifest, i)[1] for i in again.missing())
-            f2 = ModelFetcher(bh, again, learner, lambda: holders_of(bh, learner), FAST)
+            f2 = model_puller(bh, again, learner, lambda: holders_of(bh, learner), FAST)
             await f2.run()
             out.update(second=sum(f2.from_peers.values()), path=again.finish())
 
@@ -194,7 +195,7 @@ def test_quant_choice_is_checked(tmp_path, model_file):
 def test_llamacpp_requantises_the_default_model_once(tmp_path):
     import llama_cpp
 
-    from node_agents.models import default_gguf_path
+    from common.default_model import default_gguf_path
 
     src = default_gguf_path()
     out = for_backend(src, "sha", "llamacpp", "q8_0", tmp_path)

@@ -16,18 +16,19 @@ import trio
 from learner.config import DissemConfig
 from learner.dissem import LearnerDissem
 from node_agents.adapter_sync import AdapterSync
-from node_agents.backends.base import LoraAdapter
+from common.lora import LoraAdapter
 from swarm.dissem.instructions import build_instructions, sign_instructions, verify_instructions
 from swarm.dissem.manifest import ManifestError, build_version, normalise_ranges, sign_manifest, verify_manifest
 from swarm.dissem.codec import CodecConfig
-from swarm.dissem.relay_node import lora_tensors
+from bench.relay_node import lora_tensors
 from swarm.errors import TruncatedFrame
 from swarm.framing import write_frame
 from swarm.host import open_host
 from swarm.pipeline.layers import layer_index, slice_for_range
 from swarm.proto import DISSEM_PUSH
 from swarm.proto.adapter import decode_tensors
-from swarm.proto.dissem import ChunkFrame, DissemJoin, Manifest, PeerRef, PushHeader
+from swarm.proto.chunks import ChunkFrame, PeerRef
+from swarm.proto.dissem import DissemJoin, Manifest, PushHeader
 from swarm.wire import WireError
 
 DEADLINE_S = 90.0

@@ -1,4 +1,5 @@
-"""Model identity, signed model manifests and the resumable on-disk chunk store (swarm.content)."""
+"""Model identity, signed model manifests and the model's resumable on-disk copy (swarm.content).
+The chunk layer's own pieces (have-maps, chunk choice) are tested in ``tests/swarm/chunks``."""
 
 from __future__ import annotations
 
@@ -7,12 +8,11 @@ import os
 
 import pytest
 
+from swarm.chunks.manifest import chunk_ok
 from swarm.content import model_id
-from swarm.content.fetch import next_batch, pick_chunks
-from swarm.content.manifest import (ManifestError, build_model_manifest, chunk_ok, sign_model_manifest,
-                                    verify_model_manifest)
+from swarm.content.manifest import ManifestError, build_model_manifest, sign_model_manifest, verify_model_manifest
 from swarm.content.model_id import EXCLUDED_NAMES, content_sha256, describe
-from swarm.content.store import ModelCopy, bitmap, cached_model, from_bitmap
+from swarm.content.store import ModelCopy, cached_model
 from swarm.host import load_or_create_identity
 from swarm.proto.model import ModelManifest
 
@@ -164,27 +164,3 @@ def test_single_file_model_finishes_as_the_file(tmp_path):
         assert chunk_ok(m, i, src.read(i)) and copy.add(i, src.read(i))
     out = copy.finish()
     assert out.name == "tiny.gguf" and out.read_bytes() == f.read_bytes()
-
-
-# ---------------------------------------------------------------- chunk choice
-def test_pick_chunks_skips_in_flight_and_what_the_peer_lacks():
-    missing = [0, 1, 2, 3, 5, 8, 9]
-    assert pick_chunks(missing, set(), None, 3) == [0, 1, 2]
-    assert pick_chunks(missing, {0, 1}, None, 3) == [2, 3, 5]
-    assert pick_chunks(missing, set(), {3, 8, 40}, 3) == [3, 8]
-    assert pick_chunks(missing, set(), None, 3, start=6) == [8, 9, 0]  # wraps around
-    assert pick_chunks(missing, set(), set(), 3) == [] and pick_chunks(missing, set(), None, 0) == []
-
-
-def test_bitmap_round_trip():
-    held = {0, 7, 8, 99}
-    assert from_bitmap(bitmap(held, 100), 100) == held
-    assert from_bitmap(b"\xff", 3) == {0, 1, 2}
-
-
-def test_batch_follows_the_peers_rate():
-    mib = 1 << 20
-    assert next_batch(0.0, mib, 3.0, 8) == 1  # nothing measured yet
-    assert next_batch(0.3e6, mib, 3.0, 8) == 1  # a slow, shared link: one chunk a request
-    assert next_batch(2 * mib, mib, 3.0, 8) == 6
-    assert next_batch(100e6, mib, 3.0, 8) == 8  # fast: capped

@@ -14,13 +14,14 @@ import trio
 from learner.config import DissemConfig
 from learner.dissem import LearnerDissem
 from node_agents.adapter_sync import AdapterSync
-from node_agents.backends.base import LoraAdapter
+from common.lora import LoraAdapter
 from swarm.dissem.manifest import sign_manifest
 from swarm.errors import TruncatedFrame
 from swarm.framing import write_frame
 from swarm.host import open_host
 from swarm.proto import DISSEM_PUSH
-from swarm.proto.dissem import ChunkFrame, PeerRef, PushHeader
+from swarm.proto.chunks import ChunkFrame, PeerRef
+from swarm.proto.dissem import PushHeader
 
 DEADLINE_S = 60.0
 RUN_ID = "run-test"

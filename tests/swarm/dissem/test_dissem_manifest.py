@@ -7,9 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from swarm.chunks.manifest import chunk_ok
 from swarm.dissem.codec import CodecConfig
 from swarm.dissem.manifest import (
-    ManifestError, build_version, canonical_bytes, chunk_ok, decode_version, sign_manifest, verify_manifest,
+    ManifestError, build_version, canonical_bytes, decode_version, sign_manifest, verify_manifest,
 )
 from swarm.proto.dissem import Manifest
 

@@ -1,6 +1,6 @@
 """A relay process killed mid-broadcast: every surviving node still gets the full version.
 
-The nodes are separate OS processes (``swarm.dissem.relay_node``: the dissemination code
+The nodes are separate OS processes (``bench.relay_node``: the dissemination code
 on a real libp2p host, no generation backend); the learner runs in the test process.
 Relays pause 30 ms before each chunk they forward, so the broadcast takes a few seconds
 and the kill lands in the middle of it.
@@ -17,8 +17,8 @@ import trio
 
 from learner.config import DissemConfig
 from learner.dissem import LearnerDissem
-from node_agents.backends.base import LoraAdapter
-from swarm.dissem.relay_node import lora_tensors
+from common.lora import LoraAdapter
+from bench.relay_node import lora_tensors
 from swarm.host import open_host
 
 pytestmark = pytest.mark.integration
@@ -27,7 +27,7 @@ N_NODES = 6
 
 
 def spawn(addr: str, tmp, i: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "swarm.dissem.relay_node", "node", "--learner", addr, "--run-id", RUN_ID,
+    cmd = [sys.executable, "-m", "bench.relay_node", "node", "--learner", addr, "--run-id", RUN_ID,
            "--data-dir", str(tmp / f"n{i}"), "--send-delay-ms", "30", "-v"]
     log = open(tmp / f"n{i}.log", "w")
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)

@@ -13,8 +13,8 @@ from swarm.dissem.instructions import (build_instructions, children_of, find_sub
 from swarm.dissem.manifest import ManifestError
 from swarm.framing import write_frame
 from swarm.host import open_host
-from swarm.proto import DISSEM_CHUNKS, DISSEM_PUSH
-from swarm.proto.dissem import ChunkReply, ChunkRequest, PeerRef, PushHeader, Subtree
+from swarm.proto import CHUNKS, DISSEM_PUSH
+from swarm.proto.dissem import PeerRef, PushHeader, Subtree
 from test_dissem_broadcast import RUN_ID, adapter, run, swarm
 
 
@@ -71,12 +71,12 @@ def test_a_peer_with_a_genuine_manifest_cannot_make_a_node_dial_its_target(tmp_p
                     contacted.append(f"push from {peer}")
                     await stream.reset()
 
-                async def on_chunks(msg, peer):
+                async def on_chunks(stream, peer):
                     contacted.append(f"chunks asked by {peer}")
-                    return ChunkReply(msg.version, [])
+                    await stream.reset()
 
                 target.set_stream_handler(DISSEM_PUSH, on_push)
-                target.set_handler(DISSEM_CHUNKS, ChunkRequest, on_chunks)
+                target.set_stream_handler(CHUNKS, on_chunks)
                 from node_agents.adapter_sync import AdapterSync
 
                 await vh.connect(learner.host.addrs[0])

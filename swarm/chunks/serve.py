@@ -1,0 +1,162 @@
+"""Serving chunks to other peers (``CHUNKS``): one server per host, for every content it holds.
+
+A host holds several pieces of content at once (the base model, a few adapter versions and their
+layer-range slices), all served on the one ``CHUNKS`` protocol: each role adds its stores under
+their content ids (:meth:`ChunkServer.add`), or a lookup that finds them (:meth:`ChunkServer.add_lookup`:
+the adapter dissemination's version store, whose versions come and go). :func:`chunk_server` gives
+a host's server, made and registered on first use, so every role on a host shares it.
+
+One stream carries any number of request/reply frame pairs; the server closes a stream idle for
+``stream_idle_s``. A reply holds the requested chunks the store has (up to ``max_reply_bytes``)
+and the store's have-map; replies are never zstd-compressed (model weights do not compress,
+adapter chunks are zstd output already). Chunks are read in a thread (disk stores block).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import trio
+
+from swarm.chunks.store import ChunkStore
+from swarm.chunks.streams import close_stream
+from swarm.errors import EndOfStream, FrameError, SwarmError
+from swarm.framing import read_frame, write_frame
+from swarm.proto import CHUNKS
+from swarm.proto.chunks import ChunkFrame, ChunkReply, ChunkRequest
+from swarm.wire import WireError
+
+log = logging.getLogger(__name__)
+
+#: ``on_served(peer_id, bytes)``: called after each reply that carried chunks.
+OnServed = Callable[[str, int], None]
+#: Finds the store of a content id (None: not held).
+Lookup = Callable[[bytes], "ChunkStore | None"]
+
+
+@dataclass
+class ServeSettings:
+    #: Largest reply body, bytes (keep well below the hosts' frame cap).
+    max_reply_bytes: int = 8 * 1024 * 1024
+    #: A chunk stream idle this long (s) between requests is closed by the server.
+    stream_idle_s: float = 60.0
+    #: Deadline (s) for writing one reply.
+    write_timeout_s: float = 30.0
+
+
+@dataclass
+class _Entry:
+    store: ChunkStore
+    on_served: OnServed | None = None
+
+
+@dataclass
+class ChunkServer:
+    host: object
+    settings: ServeSettings = field(default_factory=ServeSettings)
+    #: Bytes served per peer (every content).
+    served: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._entries: dict[bytes, _Entry] = {}
+        self._lookups: list[tuple[Lookup, OnServed | None]] = []
+        self._registered = False
+
+    @property
+    def max_reply_bytes(self) -> int:
+        return self.settings.max_reply_bytes
+
+    @max_reply_bytes.setter
+    def max_reply_bytes(self, value: int) -> None:
+        self.settings.max_reply_bytes = value
+
+    def register(self) -> None:
+        if not self._registered:
+            self.host.set_stream_handler(CHUNKS, self._on_stream)
+            self._registered = True
+
+    def add(self, content_id: bytes, store: ChunkStore, on_served: OnServed | None = None) -> None:
+        """Serve ``store`` as ``content_id`` (replacing what was served under it)."""
+        self._entries[content_id] = _Entry(store, on_served)
+
+    def remove(self, content_id: bytes) -> None:
+        self._entries.pop(content_id, None)
+
+    def add_lookup(self, lookup: Lookup, on_served: OnServed | None = None) -> None:
+        """Serve whatever ``lookup`` finds (asked after the stores added with :meth:`add`)."""
+        self._lookups.append((lookup, on_served))
+
+    def find(self, content_id: bytes) -> tuple[ChunkStore, OnServed | None] | None:
+        entry = self._entries.get(content_id)
+        if entry is not None:
+            return entry.store, entry.on_served
+        for lookup, on_served in self._lookups:
+            store = lookup(content_id)
+            if store is not None:
+                return store, on_served
+        return None
+
+    async def _on_stream(self, stream, peer: str) -> None:
+        s, cap = self.settings, self.host.config.max_frame_bytes
+        ok = False
+        try:
+            while True:
+                try:
+                    raw = await read_frame(stream, max_size=cap, timeout=s.stream_idle_s)
+                except EndOfStream:
+                    ok = True
+                    return
+                reply = await self.on_chunks(ChunkRequest.from_wire(raw), peer)
+                await write_frame(stream, reply.to_wire(), timeout=s.write_timeout_s, compress_threshold=cap,
+                                  max_size=cap)
+        except (SwarmError, FrameError, WireError) as e:
+            log.info("chunk stream from %s ended: %s: %s", peer[-8:], type(e).__name__, e)
+        except Exception as e:  # a failing read must never take the host down
+            log.warning("chunk stream from %s failed: %s: %s", peer[-8:], type(e).__name__, e)
+        finally:
+            await close_stream(stream, reset=not ok)
+
+    async def on_chunks(self, msg: ChunkRequest, peer: str) -> ChunkReply:
+        found = self.find(msg.content_id)
+        if found is None:
+            return ChunkReply(msg.content_id)
+        store, on_served = found
+        wanted = [i for i in msg.indices if store.has(i)]
+        out = await trio.to_thread.run_sync(read_chunks, store, wanted, self.settings.max_reply_bytes) if wanted else []
+        sent = sum(len(f.data) for f in out)
+        if sent:
+            self.served[peer] = self.served.get(peer, 0) + sent
+            if on_served is not None:
+                on_served(peer, sent)
+        return ChunkReply(msg.content_id, out, store.have_bitmap())
+
+
+def read_chunks(store: ChunkStore, wanted: list[int], max_bytes: int) -> list[ChunkFrame]:
+    """Chunks ``wanted`` that ``store`` holds, in order, until ``max_bytes`` (at least one)."""
+    out: list[ChunkFrame] = []
+    size = 0
+    for i in wanted:
+        data = store.read(i)
+        if data is None:
+            continue
+        if out and size + len(data) > max_bytes:
+            break
+        out.append(ChunkFrame(i, data))
+        size += len(data)
+    return out
+
+
+_servers: "weakref.WeakKeyDictionary[object, ChunkServer]" = weakref.WeakKeyDictionary()
+
+
+def chunk_server(host) -> ChunkServer:
+    """``host``'s chunk server, made and registered on first use (one per host: every role on
+    the host serves its content through it)."""
+    server = _servers.get(host)
+    if server is None:
+        server = _servers[host] = ChunkServer(host)
+        server.register()
+    return server
