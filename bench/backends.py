@@ -16,13 +16,16 @@ import argparse
 import statistics
 import time
 
+from node_agents.backends.base import SamplingParams
+from node_agents.hardware import detect
+from node_agents.models import resolve_for_backend
+
 ORDER = ("llamacpp", "torch", "mlx")
 
 
 def _load(name: str, args):
     from node_agents.backends.llamacpp import LlamaCppBackend
     from node_agents.backends.registry import create_backend
-    from node_agents.models import resolve_for_backend
 
     if name == "llamacpp":
         return LlamaCppBackend(resolve_for_backend(args.model, "llamacpp"), n_ctx=args.n_ctx,
@@ -31,11 +34,24 @@ def _load(name: str, args):
     return create_backend(name, args.model, args.threads, args.n_ctx)
 
 
+def node_round(backend, prompt_ids, args, round_index: int) -> tuple[int, float]:
+    """One round of the node backend: one GRPO group of ``args.n`` per prompt; (tokens, seconds)."""
+    tokens, t0 = 0, time.perf_counter()
+    for k, ids in enumerate(prompt_ids):
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                                max_tokens=args.max_tokens, seed=group_seed(args, round_index, k))
+        tokens += sum(len(c.token_ids) for c in backend.generate_group(ids, args.n, params))
+    return tokens, time.perf_counter() - t0
+
+
+def group_seed(args, round_index: int, k: int) -> int:
+    """The seed of prompt ``k``'s group in round ``round_index`` (completion ``j`` adds ``j`` on
+    the raw sides; the node derives completion ``j``'s generator from it)."""
+    return args.seed + 1000 * round_index + 10 * k
+
+
 def run_backends(args: argparse.Namespace, texts: list[str]) -> dict:
     """Load each backend in ``args.backend`` (plus llama.cpp for the ratio), measure, print."""
-    from bench.throughput import _node_round
-    from node_agents.hardware import detect
-
     names = ORDER if args.backend == "all" else ("llamacpp", args.backend)
     loaded, load_s = {}, {}
     try:
@@ -46,11 +62,11 @@ def run_backends(args: argparse.Namespace, texts: list[str]) -> dict:
         prompt_ids = [loaded["llamacpp"].tokenize(t) for t in texts]
         warm = argparse.Namespace(**{**vars(args), "max_tokens": 4})
         for be in loaded.values():
-            _node_round(be, prompt_ids[:1], warm, -1)
+            node_round(be, prompt_ids[:1], warm, -1)
         rates: dict[str, list[float]] = {n: [] for n in names}
         for r in range(args.repeats):
             for name, be in loaded.items():
-                tokens, secs = _node_round(be, prompt_ids, args, r)
+                tokens, secs = node_round(be, prompt_ids, args, r)
                 rates[name].append(tokens / secs)
     finally:
         for be in loaded.values():

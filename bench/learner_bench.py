@@ -10,6 +10,11 @@ the mean step time, training tokens/s (prompt + completion tokens of the batch p
 step time; the loss covers the completion tokens) and peak memory (CUDA: the allocator's
 peak per rank; CPU: the peak resident set per rank, model included); the highest rank is shown.
 
+The trainer is the one ``swarm-learner launch`` runs: built by
+:func:`learner.trainer_build.build_trainer` from a :class:`learner.config.LearnerConfig` with the
+learner's defaults; ``--device``, ``--precision``, ``--micro-batch``, ``--grad-checkpointing``
+and ``--fsdp`` are shortcuts for its ``train`` fields, and ``--set train.X=...`` sets any other.
+
 Models: ``default`` (the embedded SmolLM2-135M), ``FAMILY-SIZE`` such as ``qwen2-0.5b`` or
 ``qwen2-1.5b`` (random weights from :func:`bench.make_model.make_model`, generated once into the
 cache), or an HF directory. ``--node-backend`` also measures the torch node backend's
@@ -28,17 +33,29 @@ import tempfile
 import time
 from pathlib import Path
 
+from learner import distributed as D
+from learner.config import LearnerConfig
+from learner.models import ResolvedModel, cache_root, resolve_model
+from learner.placement import peak_memory_bytes
+from learner.trainer_build import build_trainer, follower_loop
+from swarm.config import Shortcut, add_shortcuts, load_config, shortcut_overrides
+
+S = Shortcut
+#: Shortcuts for the learner config's ``train`` fields (defaults: the learner's).
+TRAIN_FLAGS = (S("--device", "train.device"), S("--precision", "train.precision"),
+               S("--micro-batch", "train.micro_batch"),
+               S("--grad-checkpointing", "train.grad_checkpointing", const=True),
+               S("--fsdp", "train.fsdp", const=True))
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", action="append", default=None, metavar="MODEL",
                         help="default, FAMILY-SIZE (qwen2-0.5b, qwen2-1.5b, llama3-1.5b, ...) or an HF directory; "
                              "repeatable (default: default)")
     parser.add_argument("--ranks", default="1", help="comma-separated rank counts, e.g. 1,2 (default 1)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda (several ranks: one GPU each)")
-    parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "autocast", "fp32"])
-    parser.add_argument("--micro-batch", type=int, default=0, help="sequences per pass; 0 = planned from free memory")
-    parser.add_argument("--grad-checkpointing", action="store_true")
-    parser.add_argument("--fsdp", action="store_true", help="shard the base over the ranks (rank counts > 1)")
+    add_shortcuts(parser, LearnerConfig, TRAIN_FLAGS)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="set any learner config field, e.g. --set train.lr=1e-4 (repeatable)")
     parser.add_argument("--prompts", type=int, default=4, help="GRPO groups per batch")
     parser.add_argument("--group", type=int, default=4, help="completions per group")
     parser.add_argument("--prompt-len", type=int, default=64)
@@ -53,8 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve_bench_model(spec: str) -> Path:
     """An HF directory for ``spec`` (see the module docstring)."""
-    from learner.models import cache_root, resolve_model
-
     if spec == "default" or Path(spec).expanduser().exists():
         return resolve_model(spec).hf_dir
     family, _, size = spec.partition("-")
@@ -101,11 +116,11 @@ def _run_config(args: argparse.Namespace, spec: str, model_dir: Path, ranks: int
     threads = args.threads or max(1, (os.cpu_count() or 1) // ranks)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        fwd = ["--model", str(model_dir), "--device", args.device, "--precision", args.precision,
-               "--micro-batch", str(args.micro_batch), "--prompts", str(args.prompts), "--group", str(args.group),
+        fwd = ["--model", str(model_dir), "--prompts", str(args.prompts), "--group", str(args.group),
                "--prompt-len", str(args.prompt_len), "--completion-len", str(args.completion_len),
                "--steps", str(args.steps), "--threads", str(threads), "--worker", str(out)]
-        fwd += ["--grad-checkpointing"] * args.grad_checkpointing + ["--fsdp"] * args.fsdp
+        for override in [*shortcut_overrides(args, TRAIN_FLAGS), *args.overrides]:
+            fwd += ["--set", override]
         launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
                     "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "-m", "bench.cli", "learner"]
         cmd = launcher + fwd if ranks > 1 else [sys.executable, "-m", "bench.cli", "learner"] + fwd
@@ -137,36 +152,25 @@ def synthetic_batch(vocab: int, prompts: int, group: int, prompt_len: int, compl
 
 
 def _worker(args: argparse.Namespace) -> None:
-    """One rank of one configuration (run by :func:`_run_config`)."""
+    """One rank of one configuration (run by :func:`_run_config`): the learner's own trainer."""
     import torch
 
-    from learner import distributed as D
-    from learner.models import ResolvedModel
-    from learner.placement import peak_memory_bytes, resolve_precision
-    from learner.trainer import ComputeConfig, LoraConfig, OptimConfig, Trainer
-
+    cfg = load_config(LearnerConfig, None, [*args.overrides, f"train.torch_threads={args.threads}"])
     env = D.env_context()
-    device = D.resolve_device(args.device, env.local_rank)
-    ctx = D.init(device, timeout_s=1800)
-    base_dtype, autocast = resolve_precision(args.precision, device)
+    ctx = D.init(D.resolve_device(cfg.train.device, env.local_rank), timeout_s=1800)
     t0 = time.perf_counter()
-    tr = Trainer(ResolvedModel("bench", None, Path(args.model[0])), LoraConfig(), OptimConfig(lr=1e-5),
-                 compute=ComputeConfig(micro_batch_size=args.micro_batch, torch_threads=args.threads, device=device,
-                                       base_dtype=base_dtype, bf16_autocast=autocast,
-                                       grad_checkpointing=args.grad_checkpointing, fsdp=args.fsdp),
-                 seed=0, dist=ctx)
+    trainer = build_trainer(ResolvedModel("bench", None, Path(args.model[0])), cfg, ctx)  # rank 0: wrapped
     load_s = time.perf_counter() - t0
-    params = sum(p.numel() for p in tr.model.parameters())
+    params = sum(p.numel() for p in trainer.model.parameters())
     if ctx.is_main:
-        print(f"  rank 0: {tr.describe()}; loaded in {load_s:.1f} s", flush=True)
+        print(f"  rank 0: {trainer.describe()}; loaded in {load_s:.1f} s", flush=True)
     if not ctx.is_main:
-        D.follower_loop(tr, ctx)
-        peaks = D.all_gather_object(ctx, peak_memory_bytes(tr.device))
+        follower_loop(trainer, ctx)
+        peaks = D.all_gather_object(ctx, peak_memory_bytes(trainer.device))
         D.shutdown()
         return
-    trainer = D.wrap_for_ranks(tr)
-    batch = synthetic_batch(tr.shape.vocab, args.prompts, args.group, args.prompt_len, args.completion_len)
-    mb = tr.micro_batch_size([batch[i] for i in tr._local_indices(batch)])  # rank 0's shard
+    batch = synthetic_batch(trainer.shape.vocab, args.prompts, args.group, args.prompt_len, args.completion_len)
+    mb = trainer.micro_batch_size([batch[i] for i in trainer.ranks.local_indices(batch)])  # rank 0's shard
     trainer.train_step(batch)  # warm-up
     times = []
     for i in range(args.steps):
@@ -174,16 +178,17 @@ def _worker(args: argparse.Namespace) -> None:
         trainer.train_step(batch)
         times.append(time.perf_counter() - t)
         print(f"  step {i + 1}/{args.steps}: {times[-1]:.2f} s", flush=True)
-    peaks = [peak_memory_bytes(tr.device)]
+    peaks = [peak_memory_bytes(trainer.device)]
     if ctx.active:
         trainer.stop_followers()
         peaks = D.all_gather_object(ctx, peaks[0])
         D.shutdown()
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch)
     step_s = sum(times) / len(times)
-    dev_name = torch.cuda.get_device_name(tr.device) if tr.device.type == "cuda" else f"cpu ({os.cpu_count()} cores)"
+    dev_name = (torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda"
+                else f"cpu ({os.cpu_count()} cores)")
     row = {"kind": "learner", "device": dev_name, "ranks": ctx.world, "params_m": round(params / 1e6, 1),
-           "precision": f"{base_dtype}{'+bf16 autocast' if autocast else ''}", "micro_batch": mb,
+           "precision": f"{trainer.base_dtype}{'+bf16 autocast' if trainer.bf16_autocast else ''}", "micro_batch": mb,
            "tokens_per_step": tokens, "step_s": round(step_s, 3), "tokens_per_s": round(tokens / step_s, 1),
            "peak_gib": round(max(peaks) / 2**30, 2), "steps": args.steps,
            "load_avg": round(os.getloadavg()[0], 2)}
@@ -194,15 +199,14 @@ def _node_backend_row(args: argparse.Namespace, spec: str, model_dir: Path) -> d
     """The torch node backend's generation tokens/s with a LoRA installed (in this process)."""
     import torch
 
-    from learner import distributed as D
     from node_agents.backends.base import SamplingParams
     from node_agents.backends.torch_backend import TorchBackend
 
-    device = D.resolve_device(args.device, 0)
+    device = D.resolve_device(load_config(LearnerConfig, None, shortcut_overrides(args, TRAIN_FLAGS)).train.device, 0)
     be = TorchBackend(model_dir, device=device, threads=args.threads or (os.cpu_count() or 1))
     from transformers import AutoConfig
 
-    from node_agents.backends.base import LoraAdapter
+    from common.lora import LoraAdapter
 
     cfg = AutoConfig.from_pretrained(str(model_dir))
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -34,6 +34,8 @@ import os
 import statistics
 import time
 
+from bench.backends import group_seed, node_round, run_backends
+
 PROMPTS = [
     "What is 17 times 23? Think step by step.",
     "Write a haiku about autumn leaves.",
@@ -68,17 +70,6 @@ def _chat(prompt: str) -> str:
     return f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def _node_round(backend, prompt_ids, args, round_index: int) -> tuple[int, float]:
-    from node_agents.backends.base import SamplingParams
-
-    tokens, t0 = 0, time.perf_counter()
-    for k, ids in enumerate(prompt_ids):
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
-                                max_tokens=args.max_tokens, seed=_seed(args, round_index, k))
-        tokens += sum(len(c.token_ids) for c in backend.generate_group(ids, args.n, params))
-    return tokens, time.perf_counter() - t0
-
-
 def _raw_round(llm, prompt_ids, args, round_index: int) -> tuple[int, float]:
     """The high-level ``Llama`` API: one completion after another."""
     tokens, t0 = 0, time.perf_counter()
@@ -86,7 +77,7 @@ def _raw_round(llm, prompt_ids, args, round_index: int) -> tuple[int, float]:
         for j in range(args.n):
             out = llm.create_completion(
                 ids, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                top_k=0, min_p=0.0, repeat_penalty=1.0, seed=_seed(args, round_index, k) + j,
+                top_k=0, min_p=0.0, repeat_penalty=1.0, seed=group_seed(args, round_index, k) + j,
             )
             tokens += int(out["usage"]["completion_tokens"])
     return tokens, time.perf_counter() - t0
@@ -97,15 +88,9 @@ def _batch_round(raw, prompt_ids, args, round_index: int) -> tuple[int, float]:
     tokens, t0 = 0, time.perf_counter()
     for k, ids in enumerate(prompt_ids):
         group = raw.generate_group(ids, args.n, args.temperature, args.top_p, args.max_tokens,
-                                   _seed(args, round_index, k))
+                                   group_seed(args, round_index, k))
         tokens += sum(len(c) for c in group)
     return tokens, time.perf_counter() - t0
-
-
-def _seed(args, round_index: int, k: int) -> int:
-    """The seed of prompt ``k``'s group in round ``round_index`` (completion ``j`` adds ``j`` on
-    the raw sides; the node derives completion ``j``'s generator from it)."""
-    return args.seed + 1000 * round_index + 10 * k
 
 
 def _summary(rates: list[float]) -> tuple[float, float]:
@@ -114,12 +99,10 @@ def _summary(rates: list[float]) -> tuple[float, float]:
 
 def run(args: argparse.Namespace) -> dict:
     """Measure every side; print tokens/s for each and the ratios; return them as a dict."""
-    from node_agents.models import resolve_gguf
+    from common.default_model import resolve_gguf
 
     texts = [_chat(p) for p in PROMPTS[: max(1, min(args.prompts, len(PROMPTS)))]]
     if args.backend != "llamacpp":
-        from bench.backends import run_backends
-
         result = run_backends(args, texts)
         if args.json:
             print(json.dumps(result))
@@ -183,7 +166,7 @@ def measure_llamacpp(model, texts: list[str], args, threads: int, flash: bool) -
         prompt_ids = [backend.tokenize(t) for t in texts]
         if prompt_ids != [raw.tokenize(t) for t in texts]:
             raise RuntimeError("the node backend and raw llama.cpp tokenise the prompts differently")
-        sides = {"node": (_node_round, backend), "raw_batch": (_batch_round, raw)}
+        sides = {"node": (node_round, backend), "raw_batch": (_batch_round, raw)}
         if llm is not None:
             sides["llama_api"] = (_raw_round, llm)
         # warm-up: page the weights in and build the compute graphs on every side

@@ -37,7 +37,6 @@ EQUAL_ADAPTER = "adapter-equal"
 def grpo_settings(cfg, out_dir: Path, *, max_steps: int) -> dict[str, Any]:
     """``GRPOConfig`` keyword arguments from a learner config (pure; ``max_steps`` in learner
     steps, i.e. generation batches)."""
-    from learner.trainer_config import OptimConfig
     from tasks.base import ENABLE_THINKING
 
     t = cfg.train
@@ -47,7 +46,6 @@ def grpo_settings(cfg, out_dir: Path, *, max_steps: int) -> dict[str, Any]:
                          f"({t.prompts_per_step}): every update takes whole groups")
     if max_steps < 1:
         raise ValueError("max_steps must be >= 1")
-    betas = OptimConfig().betas  # the learner's AdamW betas (not a learner config field)
     return dict(
         output_dir=str(out_dir), use_cpu=True, bf16=t.precision != "fp32", seed=int(t.seed),
         # the learner's step: one generation batch, then `minibatches` AdamW updates of whole groups
@@ -56,8 +54,8 @@ def grpo_settings(cfg, out_dir: Path, *, max_steps: int) -> dict[str, Any]:
         num_generations=t.group_size, max_completion_length=t.max_tokens,
         temperature=t.temperature, top_p=t.top_p, top_k=0,
         learning_rate=t.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm, adam_beta1=float(betas[0]), adam_beta2=float(betas[1]),
-        adam_epsilon=OptimConfig().eps,
+        max_grad_norm=t.max_grad_norm, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2,
+        adam_epsilon=t.adam_eps,
         # the learner's loss: no KL, DAPO token-level normalisation and clip-higher, group-std advantages
         beta=0.0, loss_type="dapo", epsilon=t.clip_low, epsilon_high=t.clip_high, scale_rewards="group",
         mask_truncated_completions=False,

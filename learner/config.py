@@ -1,11 +1,42 @@
 """The learner's typed configuration (TOML sections ``[model]``, ``[task]``, ``[lora]``,
 ``[train]``, ``[sync]``, ``[network]``, ``[dissem]``, ``[dashboard]``, ``[run]``). Every field is documented here; the
-resolved config is written to ``<run_dir>/config.toml`` at launch."""
+resolved config is written to ``<run_dir>/config.toml`` at launch.
+
+``[train]`` and ``[lora]`` are also the whole configuration of the trainer
+(:class:`learner.trainer.Trainer` takes a :class:`TrainConfig` and a :class:`LoraSettings`):
+there is no second set of trainer settings. ``validate()`` (called by
+:func:`swarm.config.load_config`) rejects nonsensical values with a message naming the field.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+from swarm.addrs import check_announce, split_peer_id
+from swarm.config import ConfigError
+from swarm.discovery.keys import check_run_name
+
+Precision = Literal["auto", "bf16", "autocast", "fp32"]
+LossKind = Literal["ppo_clip", "tis", "decoupled"]
+#: ``train.precision`` values (see :mod:`learner.placement`).
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+#: ``train.loss`` values (see :mod:`learner.grpo`).
+LOSSES: tuple[str, ...] = get_args(LossKind)
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise :class:`ConfigError` with ``message`` (which names the field) unless ``ok``."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def check_device(spec: str) -> None:
+    """``train.device``: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (no torch needed)."""
+    dev = str(spec).strip().lower()
+    require(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),
+            f"train.device must be auto, cpu, cuda or cuda:N, got {spec!r}")
 
 
 @dataclass
@@ -44,10 +75,18 @@ class LoraSettings:
     rank: int = 8
     #: LoRA alpha; the update is scaled by alpha / rank.
     alpha: float = 16.0
-    #: HF module names to adapt.
+    #: HF module names to adapt (default: all 7 attention and MLP projections).
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+    #: LoRA dropout on the adapter input (0 keeps the learner's log-probs deterministic).
+    dropout: float = 0.0
+
+    def validate(self) -> None:
+        require(self.rank >= 1, f"lora.rank must be >= 1, got {self.rank}")
+        require(self.alpha > 0, f"lora.alpha must be > 0, got {self.alpha}")
+        require(bool(self.target_modules), "lora.target_modules must name at least one module")
+        require(0.0 <= self.dropout < 1.0, f"lora.dropout must be in [0, 1), got {self.dropout}")
 
 
 @dataclass
@@ -64,26 +103,38 @@ class TrainConfig:
     top_p: float = 1.0
     #: Longest completion in tokens.
     max_tokens: int = 64
-    #: AdamW learning rate of the LoRA parameters.
+    #: AdamW learning rate of the LoRA parameters (constant).
     lr: float = 3e-4
-    #: AdamW weight decay.
+    #: AdamW (decoupled) weight decay.
     weight_decay: float = 0.0
-    #: Gradient-norm clip.
+    #: AdamW beta1 (first-moment decay).
+    adam_beta1: float = 0.9
+    #: AdamW beta2 (second-moment decay).
+    adam_beta2: float = 0.99
+    #: AdamW epsilon.
+    adam_eps: float = 1e-8
+    #: Global gradient-norm clip (<= 0 disables it).
     max_grad_norm: float = 1.0
     #: Optimizer updates per learner step: the batch is split into this many minibatches of
-    #: whole groups, each with its own AdamW step (same compute as one update on the batch).
+    #: whole groups, each with its own AdamW step (same compute as one update on the batch;
+    #: later minibatches are slightly off-policy, which the loss's ratio accounts for).
     minibatches: int = 4
     #: Sequences per forward/backward micro-batch (gradients accumulate over the batch);
     #: 0 = chosen per update from the device's free memory and the sequence lengths
     #: (``learner/memory.py``), with a clear error when even one sequence does not fit.
     micro_batch: int = 16
+    #: Automatic micro-batch (``micro_batch = 0``): fraction of the free memory kept back.
+    memory_reserve: float = 0.2
+    #: Run a GRPO group's shared prompt once per micro-batch and repeat its KV cache over the
+    #: group (always off under ``grad_checkpointing`` and ``fsdp``, which cannot keep a cache).
+    share_prompt: bool = True
     #: Torch device of the learner: ``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda``
-    #: (with several ranks: each rank's own GPU) or ``cuda:N``. Also ``--device``.
+    #: (with several ranks: each rank's own GPU) or ``cuda:N``.
     device: str = "auto"
     #: ``auto`` (bf16 on CUDA, autocast on CPU), ``bf16`` (bfloat16 base weights, bf16
     #: autocast), ``autocast`` (float32 master base weights, bf16 autocast) or ``fp32``; the LoRA
     #: parameters and their optimizer state are float32 in every case (``learner/placement.py``).
-    precision: Literal["auto", "bf16", "autocast", "fp32"] = "auto"
+    precision: Precision = "auto"
     #: Recompute each decoder layer in the backward pass: less activation memory, more compute.
     grad_checkpointing: bool = False
     #: With several ranks (``--gpus N`` / torchrun): shard the frozen base over the ranks with
@@ -92,13 +143,14 @@ class TrainConfig:
     #: With several ranks: the longest wait (s) of any collective, including a follower rank's
     #: wait for rank 0's next batch (so also the longest time rank 0 may wait for rollouts).
     dist_timeout_s: float = 3600.0
-    #: Policy loss: ``ppo_clip`` (ratio to the node's behaviour log-probs), ``tis`` or ``decoupled``.
-    loss: Literal["ppo_clip", "tis", "decoupled"] = "ppo_clip"
+    #: Policy loss: ``ppo_clip`` (ratio to the node's behaviour log-probs), ``tis`` or ``decoupled``
+    #: (see ``learner/grpo.py``).
+    loss: LossKind = "ppo_clip"
     #: PPO clip range below 1 (ratio >= 1 - clip_low).
     clip_low: float = 0.2
     #: PPO clip range above 1 (ratio <= 1 + clip_high).
     clip_high: float = 0.28
-    #: Truncation of importance weights for ``tis`` and ``decoupled``.
+    #: Truncation C of the importance weights for ``tis`` and ``decoupled``.
     is_cap: float = 5.0
     #: Torch CPU threads of the learner (0 = torch's default).
     torch_threads: int = 0
@@ -110,6 +162,31 @@ class TrainConfig:
     #: policy and log the mean |behaviour - recomputed| per node backend as
     #: ``behav_diff_<backend>`` (one extra forward pass per step; ``learner/behaviour_check.py``).
     behaviour_check: bool = False
+
+    def validate(self) -> None:
+        for name in ("steps", "prompts_per_step", "max_tokens", "minibatches"):
+            require(getattr(self, name) >= 1, f"train.{name} must be >= 1, got {getattr(self, name)}")
+        require(self.group_size >= 2, f"train.group_size must be >= 2 (GRPO advantages compare completions "
+                                      f"within a group), got {self.group_size}")
+        require(self.micro_batch >= 0, "train.micro_batch must be >= 1, or 0 to choose it from free memory")
+        require(self.temperature > 0, f"train.temperature must be > 0, got {self.temperature}")
+        require(0.0 < self.top_p <= 1.0, f"train.top_p must be in (0, 1], got {self.top_p}")
+        require(math.isfinite(self.lr) and self.lr > 0, f"train.lr must be > 0, got {self.lr}")
+        require(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        for name in ("adam_beta1", "adam_beta2"):
+            require(0.0 <= getattr(self, name) < 1.0, f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+        require(self.adam_eps > 0, f"train.adam_eps must be > 0, got {self.adam_eps}")
+        require(0.0 <= self.memory_reserve < 1.0, f"train.memory_reserve must be in [0, 1), got {self.memory_reserve}")
+        check_device(self.device)
+        require(self.precision in PRECISIONS,
+                f"train.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        require(self.dist_timeout_s > 0, f"train.dist_timeout_s must be > 0, got {self.dist_timeout_s}")
+        require(self.loss in LOSSES, f"train.loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        require(0.0 <= self.clip_low < 1.0, f"train.clip_low must be in [0, 1), got {self.clip_low}")
+        require(self.clip_high >= 0, f"train.clip_high must be >= 0, got {self.clip_high}")
+        require(self.is_cap > 0, f"train.is_cap must be > 0, got {self.is_cap}")
+        require(self.torch_threads >= 0, f"train.torch_threads must be >= 0, got {self.torch_threads}")
+        require(self.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {self.checkpoint_every}")
 
 
 @dataclass
@@ -134,12 +211,27 @@ class SyncConfig:
     groups_per_lease: int = 1
     #: How long a work request waits on the learner for work before "retry later".
     long_poll_s: float = 5.0
+    #: Fair start: no lease until this many distinct nodes wait for work at once, so each
+    #: node of a mixed swarm gets a share of the first step (0 = lease at once).
+    min_waiting_nodes: int = 0
+    #: Close the fair-start gate again at every new adapter version (every step's work is
+    #: shared among ``min_waiting_nodes`` waiting nodes, e.g. a pipeline beside a fast node).
+    regate_each_version: bool = False
+    #: The longest a re-closed gate waits for its nodes before leasing to whoever waits (s).
+    gate_timeout_s: float = 30.0
 
     def inflight_limit(self, prompts_per_step: int) -> int:
         return self.max_inflight_groups or prompts_per_step * (self.max_staleness + 1)
 
     def buffer_limit(self, prompts_per_step: int) -> int:
         return self.buffer_groups or 2 * prompts_per_step * (self.max_staleness + 1)
+
+    def validate(self) -> None:
+        require(min(self.max_staleness, self.max_inflight_groups, self.buffer_groups) >= 0,
+                "sync.max_staleness, max_inflight_groups and buffer_groups must be >= 0")
+        require(self.lease_timeout_s > 0, f"sync.lease_timeout_s must be > 0, got {self.lease_timeout_s}")
+        require(self.groups_per_lease >= 1, f"sync.groups_per_lease must be >= 1, got {self.groups_per_lease}")
+        require(self.long_poll_s >= 0, f"sync.long_poll_s must be >= 0, got {self.long_poll_s}")
 
 
 @dataclass
@@ -170,6 +262,17 @@ class NetworkConfig:
     #: Seconds a refused node is told to wait before trying to join again.
     refused_retry_s: float = 60.0
 
+    def validate(self) -> None:
+        try:
+            for addr in self.announce:
+                check_announce(addr)
+        except ValueError as e:
+            raise ConfigError(f"network.announce: {e}") from None
+        for addr in self.bootstrap:
+            require(bool(split_peer_id(addr)[1]), f"network.bootstrap: {addr!r} must end in /p2p/<peer id>")
+        require(self.max_frame_bytes > 0, f"network.max_frame_bytes must be > 0, got {self.max_frame_bytes}")
+        require(self.request_timeout_s > 0, f"network.request_timeout_s must be > 0, got {self.request_timeout_s}")
+
 
 @dataclass
 class LearnerConfig:
@@ -184,6 +287,15 @@ class LearnerConfig:
     verify: VerifyConfig = field(default_factory=lambda: VerifyConfig())
     run: RunConfig = field(default_factory=lambda: RunConfig())
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig())
+
+    def validate(self) -> LearnerConfig:
+        """Check every section with a ``validate()`` and the rules across sections; returns self."""
+        for section in (self.lora, self.train, self.sync, self.network, self.run):
+            section.validate()
+        t, sy = self.train, self.sync
+        require(sy.mode != "async" or sy.buffer_limit(t.prompts_per_step) >= t.prompts_per_step,
+                "sync.buffer_groups must hold at least one batch (train.prompts_per_step groups)")
+        return self
 
 
 @dataclass
@@ -215,6 +327,13 @@ class RunConfig:
     #: ``swarm-node join --run NAME`` looks it up. Empty = ``<task>-<model>-<hash of the
     #: config>`` (``learner/identity.py``): the same config gives the same name.
     name: str = ""
+
+    def validate(self) -> None:
+        if self.name:
+            try:
+                check_run_name(self.name)
+            except ValueError as e:
+                raise ConfigError(f"run.name: {e}") from None
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The learner on several ranks (``torchrun``): rank 0 runs the swarm, every rank trains.
 
-- **Roles.** Rank 0 runs :func:`learner.loop.run_learner` as a single learner does (libp2p host,
-  coordinator, replay buffer, dissemination, checkpoints, adapter export). Every other rank runs
-  :func:`follower_loop`: it opens no host and only trains.
+- **Roles** (:mod:`learner.trainer_build`). Rank 0 runs :func:`learner.loop.run_learner` as a
+  single learner does (libp2p host, coordinator, replay buffer, dissemination, checkpoints, adapter
+  export) with its trainer wrapped in a ``RankZeroTrainer``. Every other rank runs
+  ``follower_loop``: it opens no host and only trains.
 - **Messages.** Before each training step rank 0 broadcasts the step's samples (and, once after
   start or resume, its full trainer state: LoRA weights, optimizer state, step) over a gloo
   group with ``broadcast_object_list``; gloo works on CPU and beside NCCL on GPUs.
@@ -16,17 +17,17 @@
   With ``train.fsdp`` the base is sharded by FSDP, which reduces the gradients itself.
 - **Checkpoints** are written by rank 0 alone and hold the full LoRA and optimizer state, so a
   run can resume with any rank count.
+
+This module holds the process group, the pure sharding decision and the collectives, and knows
+nothing of the trainer; torch is imported inside the collectives, so it stays light to import.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
-
-log = logging.getLogger("echo_swarm.learner.distributed")
 
 #: Environment variables torchrun sets for every rank.
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -164,6 +165,16 @@ def all_gather_object(ctx: DistContext, obj: Any) -> list[Any]:
     return out
 
 
+def max_over_ranks(ctx: DistContext, n: int, device: Any) -> int:
+    """The largest ``n`` of any rank (on the collective backend's ``device``)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([int(n)], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def all_reduce_grads(ctx: DistContext, params: Sequence[Any]) -> None:
     """Sum the gradients of ``params`` over ranks in one flattened buffer (missing grads = 0)."""
     import torch
@@ -193,76 +204,3 @@ def all_reduce_stats(ctx: DistContext, sums: dict[str, float], maxima: dict[str,
             dist.all_reduce(t, op=op)
         out.append({k: float(v) for k, v in zip(keys, t.tolist())})
     return out[0], out[1], out[2]
-
-
-# -- roles -------------------------------------------------------------------------------------
-class RankZeroTrainer:
-    """Rank 0's trainer: the :class:`learner.trainer.Trainer` API, but each ``train_step`` first
-    sends its samples (and the full state when it changed) to the other ranks."""
-
-    def __init__(self, trainer: Any, ctx: DistContext) -> None:
-        self.inner, self.ctx = trainer, ctx
-        self._state_sent = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def sync_state(self) -> None:
-        """Send rank 0's LoRA weights, optimizer state and step to every rank."""
-        broadcast_object(self.ctx, {"kind": "state", "state": self.inner.state_dict()})
-        self._state_sent = True
-
-    def train_step(self, batch: Sequence[Any]) -> dict[str, float]:
-        from learner.trainer import as_train_samples
-
-        if not self._state_sent:
-            self.sync_state()
-        samples = as_train_samples(batch)
-        broadcast_object(self.ctx, {"kind": "train", "samples": samples})
-        return self.inner.train_step(samples)
-
-    def load_checkpoint(self, path: Any) -> None:
-        self.inner.load_checkpoint(path)
-        self._state_sent = False
-
-    def stop_followers(self) -> None:
-        """Tell the other ranks the run is over (they return from :func:`follower_loop`)."""
-        broadcast_object(self.ctx, {"kind": "stop"})
-
-
-_RANK_ZERO: RankZeroTrainer | None = None
-
-
-def wrap_for_ranks(trainer: Any) -> Any:
-    """The trainer rank 0's loop should use: as is for one rank, else a :class:`RankZeroTrainer`
-    (remembered for :func:`current_trainer`). Followers get the plain trainer."""
-    global _RANK_ZERO
-    ctx = current()
-    if not ctx.active or not ctx.is_main:
-        return trainer
-    _RANK_ZERO = RankZeroTrainer(trainer, ctx)
-    return _RANK_ZERO
-
-
-def current_trainer() -> RankZeroTrainer | None:
-    """Rank 0's wrapped trainer once :func:`wrap_for_ranks` made it."""
-    return _RANK_ZERO
-
-
-def follower_loop(trainer: Any, ctx: DistContext, console=print) -> int:
-    """A rank other than 0: apply state messages and train each step's shard until ``stop``;
-    returns the number of steps trained."""
-    steps = 0
-    while True:
-        msg = broadcast_object(ctx)
-        kind = msg.get("kind") if isinstance(msg, dict) else None
-        if kind == "state":
-            trainer.load_state_dict(msg["state"])
-            log.info("rank %d: took rank 0's state at optimizer step %d", ctx.rank, trainer.step)
-        elif kind == "train":
-            trainer.train_step(msg["samples"])
-            steps += 1
-        elif kind == "stop":
-            return steps
-        else:
-            raise RuntimeError(f"rank {ctx.rank}: unexpected message from rank 0: {kind!r}")

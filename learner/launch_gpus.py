@@ -7,7 +7,7 @@
 - Under torchrun, :func:`run_ranks` joins the process group (NCCL on GPUs, gloo on CPU), lets
   each machine's local rank 0 resolve (and if needed convert) the model before the others use
   the cache, then rank 0 runs the whole learner (:func:`learner.loop.run_learner`) and every
-  other rank runs :func:`learner.distributed.follower_loop`.
+  other rank runs :func:`learner.trainer_build.follower_loop`.
 """
 
 from __future__ import annotations
@@ -18,18 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from learner.placement import PRECISIONS
-
-
-def check_train_placement(train: Any) -> None:
-    """Config check of ``train.device``, ``train.precision`` and ``train.dist_timeout_s`` (no torch)."""
-    dev = str(train.device).strip().lower()
-    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
-        raise ValueError(f"train.device must be auto, cpu, cuda or cuda:N, got {train.device!r}")
-    if train.precision not in PRECISIONS:
-        raise ValueError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {train.precision!r}")
-    if train.dist_timeout_s <= 0:
-        raise ValueError("train.dist_timeout_s must be > 0")
+from learner import distributed as D
+from learner.memory import SequenceTooLongError
+from learner.models import resolve_model
+from learner.trainer_build import build_trainer, current_trainer, follower_loop
 
 
 def under_torchrun(environ: dict[str, str] | None = None) -> bool:
@@ -72,9 +64,6 @@ def run_ranks(cfg: Any, run_dir: Path, resume: bool, run_learner_main: Callable[
               console: Callable[[str], None] = print) -> int:
     """This process's part of a several-rank run (see the module docstring). ``run_learner_main``
     runs the whole single-process learner; it is called on rank 0 only."""
-    from learner import distributed as D
-    from learner.models import resolve_model
-
     env = D.env_context()
     device = D.resolve_device(cfg.train.device, env.local_rank)
     ctx = D.init(device, cfg.train.dist_timeout_s)
@@ -85,19 +74,15 @@ def run_ranks(cfg: Any, run_dir: Path, resume: bool, run_learner_main: Callable[
         if ctx.is_main:
             console(f"learner: rank 0 of {ctx.world} ({ctx.backend}); rank 0 runs the swarm side")
             rc = run_learner_main()
-            trainer = D.current_trainer()
+            trainer = current_trainer()
             if rc == 0 and trainer is not None:  # on failure torchrun stops the other ranks
                 trainer.stop_followers()
             return rc
         resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
-        from learner.loop import build_trainer
-
-        trainer = build_trainer(resolved, cfg)
+        trainer = build_trainer(resolved, cfg, ctx)  # a follower's trainer is not wrapped
         console(f"learner rank {ctx.rank}/{ctx.world}: following rank 0 (no libp2p host); {trainer.describe()}")
-        from learner.memory import SequenceTooLongError
-
         try:
-            steps = D.follower_loop(trainer, ctx, console)
+            steps = follower_loop(trainer, ctx, console)
         except SequenceTooLongError as e:
             print(f"swarm-learner rank {ctx.rank}: training stopped: {e}", file=sys.stderr)
             return 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-PRECISIONS = ("auto", "bf16", "autocast", "fp32")
+from learner.config import PRECISIONS
 
 
 def resolve_precision(precision: str, device: str) -> tuple[str, bool]:

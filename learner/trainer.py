@@ -1,11 +1,15 @@
 """The GRPO trainer: a peft LoRA on an fp32 HF causal LM, one or more optimizer steps per batch.
 
-One ``train_step`` reads in order (per minibatch, see ``OptimConfig.minibatches``): samples (prompt ids, completion ids, behaviour log-probs,
+Configured by the learner config's ``[train]`` and ``[lora]`` sections
+(:class:`learner.config.TrainConfig`, :class:`learner.config.LoraSettings`), the same defaults
+whoever builds it (``swarm-learner launch``/``demo``, the benchmarks: :mod:`learner.trainer_build`).
+
+One ``train_step`` reads in order (per minibatch, see ``train.minibatches``): samples (prompt ids, completion ids, behaviour log-probs,
 advantage) -> padded tensors -> per-token log-probs of the completion tokens under the current
 policy -> :func:`learner.grpo.policy_loss` per micro-batch (normalised by the token count of the
 whole batch, so accumulation equals one big pass) -> grad-norm clip -> AdamW step.
 
-Numerics (``ComputeConfig.base_dtype`` / ``bf16_autocast``, set from ``train.precision``, see
+Numerics (``base_dtype`` / ``bf16_autocast``, resolved from ``train.precision``, see
 :mod:`learner.placement`): the LoRA weights and their AdamW state are always float32; the base is
 float32 master weights (CPU default) or bfloat16 (CUDA default); the forward pass runs under
 ``torch.autocast("cpu"|"cuda", dtype=bfloat16)`` (measured 1.5-2.4x faster than fp32 on 2-core
@@ -14,7 +18,8 @@ log-softmax, so log-probs are comparable with the nodes' behaviour log-probs.
 The language-model head is applied only at the completion positions (hidden states are
 gathered first), which saves its vocabulary-sized matmul on the prompt tokens.
 
-Several ranks (``dist``, see :mod:`learner.distributed`): each update's batch is split into whole
+Several ranks (``dist``, see :mod:`learner.distributed`; the trainer's part
+:class:`learner.trainer_ranks.RankShards`): each update's batch is split into whole
 groups per rank; each rank's loss is normalised by the whole batch's token count and the LoRA
 gradients are summed over ranks before the clip and the step, so N ranks end with the adapter one
 rank would (up to float summation order). Micro-batch size 0 = planned from free memory
@@ -34,42 +39,40 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from common.lora import LoraAdapter
+from learner import placement
 from learner.batching import TrainSample, as_train_samples, loss_tokens, pad_samples  # noqa: F401 (re-exported)
+from learner.config import LoraSettings, TrainConfig
+from learner.distributed import DistContext, resolve_device
 from learner.grpo import policy_loss
+from learner.memory import ModelShape, plan_micro_batch
 from learner.models import ResolvedModel
-from learner.trainer_ranks import RankShardingMixin
-from learner.trainer_config import (ALL_PROJECTIONS, ComputeConfig, LoraConfig, LossConfig,  # noqa: F401
-                                    OptimConfig)
-from node_agents.backends.base import LoraAdapter
+from learner.trainer_ranks import RankShards
 
 
+class Trainer:
+    """peft LoRA + GRPO on one device (one rank's part with several). See the module docstring."""
 
-class Trainer(RankShardingMixin):
-    """peft LoRA + GRPO on one device. See the module docstring."""
-
-    def __init__(self, model: ResolvedModel, lora: LoraConfig | None = None, optim: OptimConfig | None = None,
-                 loss: LossConfig | None = None, compute: ComputeConfig | None = None, seed: int = 0,
-                 dist: Any = None) -> None:
-        import peft
+    def __init__(self, model: ResolvedModel, train: TrainConfig | None = None, lora: LoraSettings | None = None,
+                 dist: DistContext | None = None) -> None:
+        import peft  # heavy: only when a trainer is built
         from transformers import AutoModelForCausalLM
 
-        from learner.distributed import resolve_device
-        from learner.memory import ModelShape
-        from learner.placement import enable_grad_checkpointing, shard_base_fsdp
-
         self.resolved = model
-        self.lora, self.optim_cfg = lora or LoraConfig(), optim or OptimConfig()
-        self.loss_cfg, self.compute = loss or LossConfig(), compute or ComputeConfig()
-        self.dist = dist if dist is not None and getattr(dist, "active", False) else None
-        if self.compute.torch_threads:
-            torch.set_num_threads(int(self.compute.torch_threads))
-        self.device = torch.device(resolve_device(self.compute.device, getattr(dist, "local_rank", 0)))
-        if self.compute.base_dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"base_dtype must be float32 or bfloat16, got {self.compute.base_dtype!r}")
-        self.seed, self.step = int(seed), 0
+        self.train, self.lora = train or TrainConfig(), lora or LoraSettings()
+        self.train.validate()
+        self.lora.validate()
+        t = self.train
+        self.dist = dist if dist is not None and dist.active else None
+        if t.torch_threads:
+            torch.set_num_threads(int(t.torch_threads))
+        self.device = torch.device(resolve_device(t.device, dist.local_rank if dist is not None else 0))
+        #: storage dtype of the frozen base (``float32`` or ``bfloat16``) and bf16 autocast of the forward
+        self.base_dtype, self.bf16_autocast = placement.resolve_precision(t.precision, str(self.device))
+        self.seed, self.step = int(t.seed), 0
         _seed_everything(self.seed)
 
-        base = AutoModelForCausalLM.from_pretrained(str(model.hf_dir), dtype=getattr(torch, self.compute.base_dtype))
+        base = AutoModelForCausalLM.from_pretrained(str(model.hf_dir), dtype=getattr(torch, self.base_dtype))
         base.config.use_cache = False
         self.shape = ModelShape.from_hf_config(base.config)
         peft_cfg = peft.LoraConfig(r=self.lora.rank, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
@@ -77,20 +80,22 @@ class Trainer(RankShardingMixin):
         with warnings.catch_warnings():  # peft 0.21 calls a deprecated transformers 5 property
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             self.model = peft.get_peft_model(base, peft_cfg)
-        fsdp = self.compute.fsdp and self.dist is not None
-        if not fsdp:  # under FSDP each rank moves only its shard of the base (fully_shard does)
+        self.ranks = RankShards(self.dist, self.device, t.fsdp)
+        if not self.ranks.fsdp:  # under FSDP each rank moves only its shard of the base (fully_shard does)
             self.model = self.model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         for p in self.params:  # LoRA masters in float32 whatever the base dtype
             p.data = p.data.to(device=self.device, dtype=torch.float32)
-        if self.compute.grad_checkpointing:
-            enable_grad_checkpointing(self.model.get_base_model())
-            self.compute.share_prompt = False
-        if fsdp:
-            shard_base_fsdp(self.model.get_base_model(), self.params, self.device)
-            self.compute.share_prompt = False  # one decoder call per pass: ranks pad passes 1:1
-        self.optimizer = torch.optim.AdamW(self.params, lr=self.optim_cfg.lr, betas=tuple(self.optim_cfg.betas),
-                                           eps=self.optim_cfg.eps, weight_decay=self.optim_cfg.weight_decay)
+        if t.grad_checkpointing:
+            placement.enable_grad_checkpointing(self.model.get_base_model())
+        if self.ranks.fsdp:
+            placement.shard_base_fsdp(self.model.get_base_model(), self.params, self.device)
+        #: the shared-prompt forward: off under checkpointing (no cache) and FSDP (ranks pad passes 1:1)
+        self.share_prompt = t.share_prompt and not t.grad_checkpointing and not self.ranks.fsdp
+        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2),
+                                           eps=t.adam_eps, weight_decay=t.weight_decay)
+        self._step_mb: int | None = None  # the planned micro-batch of the train_step in progress
+        self._timing: dict[str, float] | None = None  # seconds per part of the train_step in progress
 
     # -- batching ---------------------------------------------------------------------------
     def _micro_batches(self, batch: Sequence[Any]) -> list[list[int]]:
@@ -111,7 +116,7 @@ class Trainer(RankShardingMixin):
         """[n, T] completion log-probs and the padded tensors of one micro-batch."""
         t = self._tensors(samples)
         prompts = {tuple(s.prompt_ids) for s in samples}
-        if len(samples) > 1 and len(prompts) == 1 and self.compute.share_prompt:
+        if len(samples) > 1 and len(prompts) == 1 and self.share_prompt:
             return self._shared_prompt_logprobs(list(samples[0].prompt_ids), t, autocast), t
         return self._completion_logprobs(t, autocast), t
 
@@ -121,7 +126,7 @@ class Trainer(RankShardingMixin):
         prompt is run once: its KV cache (with gradients) is repeated n times and only the
         completions go through the model again. For a GRPO group of G this cuts the prompt's
         share of the compute by G (prompts are usually longer than the answers)."""
-        use_bf16 = self.compute.bf16_autocast if autocast is None else autocast
+        use_bf16 = self.bf16_autocast if autocast is None else autocast
         base = self.model.get_base_model()
         decoder, head = base.get_decoder(), base.get_output_embeddings()
         n, P, T = t["targets"].shape[0], len(prompt), t["targets"].shape[1]
@@ -139,7 +144,7 @@ class Trainer(RankShardingMixin):
                                past_key_values=cache, use_cache=True).last_hidden_state  # [n, T-1, H]
                 hidden = torch.cat([h_last, rest], dim=1)  # [n, T, H]: position t predicts completion token t
             logits = head(hidden)  # [n, T, V]
-        logits = logits.float() / float(self.compute.temperature)
+        logits = logits.float() / float(self.train.temperature)
         logp_all = torch.log_softmax(logits, dim=-1)
         return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["loss_mask"]  # [n, T]
 
@@ -148,59 +153,54 @@ class Trainer(RankShardingMixin):
         return pad_samples(samples, self.device)
 
     def micro_batch_size(self, batch: Sequence[Any]) -> int:
-        """``compute.micro_batch_size``, or when it is 0 the planner's size for this batch on this
+        """``train.micro_batch``, or when it is 0 the planner's size for this batch on this
         device's free memory (raises :class:`learner.memory.SequenceTooLongError` when one
         sequence does not fit)."""
-        if int(self.compute.micro_batch_size) > 0:
-            return int(self.compute.micro_batch_size)
-        if getattr(self, "_step_mb", None):  # planned once for the whole train_step
+        if int(self.train.micro_batch) > 0:
+            return int(self.train.micro_batch)
+        if self._step_mb:  # planned once for the whole train_step
             return int(self._step_mb)
-        from learner.memory import plan_micro_batch
-        from learner.placement import free_memory_bytes
-
         lengths = [(len(s.prompt_ids) + len(s.completion_ids), len(s.completion_ids)) for s in batch]
-        lowp = self.compute.bf16_autocast or self.compute.base_dtype == "bfloat16"
-        return plan_micro_batch(self.shape, lengths, free_memory_bytes(self.device), act_bytes=2 if lowp else 4,
-                                grad_checkpointing=self.compute.grad_checkpointing,
-                                attention_scores=self.device.type != "cuda", reserve=self.compute.memory_reserve)
+        lowp = self.bf16_autocast or self.base_dtype == "bfloat16"
+        return plan_micro_batch(self.shape, lengths, placement.free_memory_bytes(self.device), act_bytes=2 if lowp else 4,
+                                grad_checkpointing=self.train.grad_checkpointing,
+                                attention_scores=self.device.type != "cuda", reserve=self.train.memory_reserve)
 
     def describe(self) -> str:
         """One line for the start of a run: device, dtypes, memory, ranks."""
-        from learner.placement import free_memory_bytes
-
-        gib = free_memory_bytes(self.device) / 2**30
-        mb = self.compute.micro_batch_size or "auto"
-        ranks = f", rank {self.dist.rank}/{self.dist.world} ({self.dist.backend}{', fsdp' if self.compute.fsdp else ''})" \
+        gib = placement.free_memory_bytes(self.device) / 2**30
+        mb = self.train.micro_batch or "auto"
+        ranks = f", rank {self.dist.rank}/{self.dist.world} ({self.dist.backend}{', fsdp' if self.ranks.fsdp else ''})" \
             if self.dist is not None else ""
-        return (f"device {self.device}, base {self.compute.base_dtype}, LoRA float32, "
-                f"autocast {'bf16' if self.compute.bf16_autocast else 'off'}, grad checkpointing "
-                f"{'on' if self.compute.grad_checkpointing else 'off'}, micro-batch {mb}, free memory {gib:.1f} GiB{ranks}")
+        return (f"device {self.device}, base {self.base_dtype}, LoRA float32, "
+                f"autocast {'bf16' if self.bf16_autocast else 'off'}, grad checkpointing "
+                f"{'on' if self.train.grad_checkpointing else 'off'}, micro-batch {mb}, free memory {gib:.1f} GiB{ranks}")
 
     def _completion_logprobs(self, t: dict[str, torch.Tensor], autocast: bool | None = None) -> torch.Tensor:
         """[n, T] log-probs of the completion tokens (temperature-scaled, fp32 log-softmax)."""
-        use_bf16 = self.compute.bf16_autocast if autocast is None else autocast
+        use_bf16 = self.bf16_autocast if autocast is None else autocast
         base = self.model.get_base_model()
         decoder, head = base.get_decoder(), base.get_output_embeddings()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
             hidden = decoder(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).last_hidden_state  # [n, L, H]
             idx = t["pos"].unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [n, T, H]
             logits = head(torch.gather(hidden, 1, idx))  # [n, T, V]
-        logits = logits.float() / float(self.compute.temperature)  # [n, T, V]
+        logits = logits.float() / float(self.train.temperature)  # [n, T, V]
         logp_all = torch.log_softmax(logits, dim=-1)  # [n, T, V]
         return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["loss_mask"]  # [n, T]
 
     # -- training ---------------------------------------------------------------------------
     def _minibatches(self, batch: Sequence[Any]) -> list[list[Any]]:
-        """``optim.minibatches`` parts of the batch, whole prompt groups each, in batch order."""
+        """``train.minibatches`` parts of the batch, whole prompt groups each, in batch order."""
         groups: dict[tuple[int, ...], list[Any]] = {}
         for s in batch:
             groups.setdefault(tuple(s.prompt_ids), []).append(s)
-        parts = max(1, min(int(self.optim_cfg.minibatches), len(groups)))
+        parts = max(1, min(int(self.train.minibatches), len(groups)))
         glist = list(groups.values())
         return [[s for g in glist[i::parts] for s in g] for i in range(parts)]
 
     def train_step(self, batch: Sequence[Any]) -> dict[str, float]:
-        """``optim.minibatches`` optimizer steps on ``batch`` (a GRPO batch of samples with
+        """``train.minibatches`` optimizer steps on ``batch`` (a GRPO batch of samples with
         advantages); returns token-weighted stats over the whole batch."""
         if not batch:
             raise ValueError("empty batch")
@@ -209,8 +209,8 @@ class Trainer(RankShardingMixin):
         if total_tokens == 0:
             raise ValueError("batch has no completion tokens")
         self._step_mb = None
-        if int(self.compute.micro_batch_size) <= 0:  # plan before any pass: every pass count is fixed by it
-            self._step_mb = self.micro_batch_size([batch[i] for i in self._local_indices(batch)] or batch[:1])
+        if int(self.train.micro_batch) <= 0:  # plan before any pass: every pass count is fixed by it
+            self._step_mb = self.micro_batch_size([batch[i] for i in self.ranks.local_indices(batch)] or batch[:1])
         try:
             return self._train_step(batch, t0, total_tokens)
         finally:
@@ -223,10 +223,10 @@ class Trainer(RankShardingMixin):
         self._timing = {"fwd_bwd": 0.0, "optim": 0.0}  # seconds, filled by _update (the step breakdown)
         parts = self._minibatches(batch)
         prox = None
-        if self.loss_cfg.kind == "decoupled" and len(parts) > 1:
+        if self.train.loss == "decoupled" and len(parts) > 1:
             # pi_prox is the policy before this learner step, for every minibatch of it
             t_prox = time.perf_counter()
-            prox = self._prox_logprobs(batch)
+            prox = self.ranks.prox_logprobs(batch, self.logprobs, self._micro_batches)
             self._timing["fwd_bwd"] += time.perf_counter() - t_prox
         for part in parts:
             st = self._update(part, prox)
@@ -251,18 +251,18 @@ class Trainer(RankShardingMixin):
         agg: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "is_weight_mean": 0.0,
                                  "mismatch_k3": 0.0, "abs_logp_diff": 0.0}
         ratio_max, ratio_min = 0.0, float("inf")
-        lc = self.loss_cfg
-        local = self._local_indices(batch)  # this rank's whole groups (all of them on one rank)
+        t = self.train
+        local = self.ranks.local_indices(batch)  # this rank's whole groups (all of them on one rank)
         t_fwd = time.perf_counter()
-        for mb, scale in self._rank_micro_batches(batch, local):
-            logp, t = self._logprobs_of(mb)  # [n, T]
+        for mb, scale in self.ranks.passes(batch, local, self._micro_batches):
+            logp, tens = self._logprobs_of(mb)  # [n, T]
             prox_t = None
             if prox is not None:
-                prox_t = torch.zeros_like(t["behav"])  # [n, T]
+                prox_t = torch.zeros_like(tens["behav"])  # [n, T]
                 for row, smp in enumerate(mb):
                     prox_t[row, :len(smp.completion_ids)] = torch.from_numpy(prox[id(smp)])
-            loss, st = policy_loss(logp, t["behav"], t["adv"], t["loss_mask"], lc.clip_eps_low, lc.clip_eps_high, lc.kind,
-                                   prox_logp=prox_t, is_cap=lc.is_cap, token_normalizer=max(total_tokens, 1.0))
+            loss, st = policy_loss(logp, tens["behav"], tens["adv"], tens["loss_mask"], t.clip_low, t.clip_high, t.loss,
+                                   prox_logp=prox_t, is_cap=t.is_cap, token_normalizer=max(total_tokens, 1.0))
             (loss * scale).backward()
             if scale == 0.0:  # FSDP padding pass: keeps the ranks' collectives in step, adds nothing
                 continue
@@ -273,20 +273,15 @@ class Trainer(RankShardingMixin):
             if st["tokens"] > 0:
                 ratio_max, ratio_min = max(ratio_max, st["ratio_max"]), min(ratio_min, st["ratio_min"])
         t_opt = time.perf_counter()
-        if self.dist is not None:
-            from learner.distributed import all_reduce_grads, all_reduce_stats
-
-            all_reduce_grads(self.dist, self.params)  # sum over ranks = the single-rank gradient
-            agg, mx, mn = all_reduce_stats(self.dist, agg, {"ratio_max": ratio_max}, {"ratio_min": ratio_min},
-                                           self._collective_device())
-            ratio_max, ratio_min = mx["ratio_max"], mn["ratio_min"]
-        max_norm = self.optim_cfg.max_grad_norm
+        # several ranks: sum over ranks = the single-rank gradient (one rank: unchanged)
+        agg, ratio_max, ratio_min = self.ranks.reduce(self.params, agg, ratio_max, ratio_min)
+        max_norm = t.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm > 0 else float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         grad_norm = float(grad_norm)  # waits for the device: the optimizer time below is complete
-        timing = getattr(self, "_timing", None)
+        timing = self._timing
         if timing is not None:  # forward/backward; then all-reduce (several ranks), clip and AdamW step
             timing["fwd_bwd"] += t_opt - t_fwd
             timing["optim"] += time.perf_counter() - t_opt
@@ -340,7 +335,7 @@ class Trainer(RankShardingMixin):
             "adapter": {k: v.detach().cpu().clone() for k, v in self._lora_state().items()},
             "optimizer": self.optimizer.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
-            "configs": {"lora": asdict(self.lora), "optim": asdict(self.optim_cfg), "loss": asdict(self.loss_cfg)},
+            "configs": {"lora": asdict(self.lora), "train": asdict(self.train)},
         }
         tmp = path.with_name(path.name + ".tmp")
         torch.save(state, tmp)

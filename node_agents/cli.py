@@ -9,56 +9,47 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
-from pathlib import Path
+
+from node_agents.config import NodeConfig
+from node_agents.hardware import choose_backend, detect, installed_backends
+from node_agents.models import resolve_for_backend
+from swarm.addrs import check_announce, split_peer_id
+from swarm.config import ConfigError, Shortcut, add_shortcuts, shortcut_values
+from swarm.discovery.keys import check_run_name
+from swarm.quiet import quiet_libp2p
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``300MB``, ``1.5GB``, ``512M``, ``2GiB`` or a plain number of bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*", text.lower())
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a size (e.g. 300MB, 2GB)")
+    power = " kmgt".index(m.group(2) or " ")
+    return int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
+
+
+S = Shortcut
+#: ``join`` flags that stand for a :class:`NodeConfig` field (type, choices and help come from it).
+JOIN_FLAGS = (
+    S("--learner", "learner", metavar="MULTIADDR"), S("--bootstrap", "bootstrap", metavar="MULTIADDR"),
+    S("--run", "run", metavar="NAME"), S("--announce", "announce", metavar="MULTIADDR"),
+    S("--backend", "backend"), S("--model", "model"), S("--quant", "quant"), S("--device", "device"),
+    S("--dtype", "dtype"), S("--data-dir", "data_dir"), S("--listen", "listen", metavar="MULTIADDR"),
+    S("--upload-mbps", "upload_mbps"), S("--threads", "threads"), S("--max-groups", "max_groups"),
+    S("--max-retries", "max_retries"), S("--token", "join_token"), S("--no-probe", "probe", const=False),
+    S("--max-memory", "max_memory_bytes", parse=parse_size, metavar="SIZE"),
+    S("--stage", "stage", const=True), S("--wire-dtype", "wire_dtype"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from node_agents.config import NodeConfig, default_data_dir
-
-    d = NodeConfig(learner="")
     p = argparse.ArgumentParser(prog="swarm-node", description="Generate rollouts for an echo-swarm learner.")
     sub = p.add_subparsers(dest="command", required=True)
     j = sub.add_parser("join", help="connect to a learner and serve its work leases until the run ends")
-    j.add_argument("--learner", default="", help="learner multiaddr, e.g. /ip4/1.2.3.4/tcp/4001/p2p/12D3Koo... "
-                   "(or give --bootstrap)")
-    j.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
-                   help="any member of the swarm (learner or node), ending in /p2p/<id>; the learner is found "
-                        "through the swarm's DHT. Repeatable: the first live one is used")
-    j.add_argument("--run", default="", metavar="NAME",
-                   help="the run to join (refuse a learner of another run); default: the bootstrap peer's run")
-    j.add_argument("--announce", action="append", default=[], metavar="MULTIADDR",
-                   help="also advertise this address (a public address or port mapping), e.g. "
-                        "/ip4/203.0.113.7/tcp/4002 (repeatable)")
-    j.add_argument("--backend", default=d.backend, choices=["auto", "llamacpp", "torch", "mlx"],
-                   help="generation backend; auto: torch on a CUDA GPU, mlx on Apple Silicon, else llamacpp")
-    j.add_argument("--model", default=d.model,
-                   help="omit to use the run's model (fetched from the swarm once and cached); or 'default' "
-                        "(embedded SmolLM2-135M-Instruct), a .gguf path, or an HF directory, which must be the run's")
-    j.add_argument("--quant", default=d.quant, choices=["keep", "f16", "q8_0", "q4_1"],
-                   help="llama.cpp: quantisation of the loaded GGUF (made once and cached; keep = as served)")
-    j.add_argument("--device", default=d.device, help="torch device (cuda, cuda:1, cpu); empty = auto")
-    j.add_argument("--dtype", default=d.dtype, choices=["", "float32", "bfloat16", "float16"],
-                   help="torch/mlx weight dtype; empty = bf16/fp16 on CUDA, fp32 on CPU and MLX")
-    j.add_argument("--data-dir", type=Path, default=default_data_dir(), help="identity key and scratch files")
-    j.add_argument("--listen", default=d.listen, help="multiaddr to listen on (peers dial it to relay adapter chunks)")
-    j.add_argument("--upload-mbps", type=float, default=d.upload_mbps,
-                   help="this machine's upload bandwidth in Mbit/s (faster uploaders sit nearer the broadcast "
-                        "tree's root; 0 = unknown)")
-    j.add_argument("--threads", type=int, default=d.threads, help="generation threads (0 = all cores)")
-    j.add_argument("--max-groups", type=int, default=d.max_groups, help="most prompt groups per lease")
-    j.add_argument("--max-retries", type=int, default=d.max_retries, help="give up after N failed reconnects (0 = never)")
-    j.add_argument("--token", default="", help="join token from the learner's operator (allowlist runs)")
+    add_shortcuts(j, NodeConfig, JOIN_FLAGS)
     j.add_argument("--name", default="", help="name shown in status lines (default: the peer id's tail)")
-    j.add_argument("--no-probe", action="store_true", help="skip the throughput probe at join")
-    j.add_argument("--max-memory", default="", metavar="SIZE",
-                   help="memory this node may use for the model, e.g. 300MB or 2GB; a torch/mlx node whose cap is "
-                        "too small for the whole model joins as a pipeline stage and loads only the layers the "
-                        "learner assigns")
-    j.add_argument("--stage", action="store_true",
-                   help="torch/mlx: join as a pipeline stage node even if the whole model fits")
-    j.add_argument("--wire-dtype", default=d.wire_dtype, choices=["float32", "bfloat16", "float16"],
-                   help="stage nodes: dtype of the hidden states sent between stages")
     j.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -69,30 +60,16 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    from node_agents.config import NodeConfig
-
-    cfg = NodeConfig(
-        learner=args.learner, backend=args.backend, model=args.model, quant=args.quant, device=args.device,
-        dtype=args.dtype,
-        data_dir=args.data_dir,
-        listen=args.listen, threads=args.threads, max_groups=args.max_groups,
-        max_retries=args.max_retries, probe=not args.no_probe, upload_mbps=args.upload_mbps,
-        join_token=args.token,
-    )
-    cfg.bootstrap, cfg.run, cfg.announce = args.bootstrap, args.run, args.announce
-    cfg.stage, cfg.wire_dtype = args.stage, args.wire_dtype
     try:
-        cfg.max_memory_bytes = parse_size(args.max_memory) if args.max_memory else 0
-    except ValueError as e:
-        print(f"swarm-node: --max-memory: {e}", file=sys.stderr)
+        cfg = NodeConfig(**shortcut_values(args, JOIN_FLAGS))
+    except ConfigError as e:
+        print(f"swarm-node: {e}", file=sys.stderr)
         return 2
     problem = check_join_args(cfg)
     if problem:
         print(f"swarm-node: {problem}", file=sys.stderr)
         return 2
     if not args.verbose:  # py-libp2p logs every failed DHT dial (to a gone peer) as a warning or error
-        from swarm.quiet import quiet_libp2p
-
         quiet_libp2p()
     try:
         return join(cfg, args.name)
@@ -106,7 +83,6 @@ def join(cfg, name: str = "") -> int:
 
     from node_agents.agent import LearnerGone, ModelRefused, NodeAgent
     from node_agents.discovery import WrongRun, node_discovery
-    from node_agents.hardware import choose_backend, detect, installed_backends
     from node_agents.model_fetch import ModelError
     from swarm.content.fetch import FetchError
     from swarm.host import open_host
@@ -128,8 +104,7 @@ def join(cfg, name: str = "") -> int:
             prepared = await _prepare(host, cfg, net)
             stage = await trio.to_thread.run_sync(_stage_join, cfg, prepared.path, hw)
             if stage is not None:  # a pipeline stage node: no whole model is loaded
-                agent = stage_agent(cfg, stage, name or host.peer_id[-6:])
-                agent.net = net
+                agent = stage_agent(cfg, stage, name or host.peer_id[-6:], net)
                 agent.say(f"peer {host.peer_id}: stage node ({stage[2].backend}, cap "
                           f"{stage[2].memory_bytes / 1e6:.0f} MB, est. {stage[2].tokens_per_s:.0f} tok/s); "
                           f"waiting for a layer range")
@@ -137,8 +112,7 @@ def join(cfg, name: str = "") -> int:
                 return
             backend = await _load_backend(host, cfg, hw.kind, net, prepared)
             try:
-                agent = NodeAgent(cfg, backend, name or host.peer_id[-6:])
-                agent.net = net
+                agent = NodeAgent(cfg, backend, name or host.peer_id[-6:], net)
                 agent.say(f"peer {host.peer_id} backend {cfg.backend} ({backend.capabilities().device})")
                 await agent.run(host)
             finally:
@@ -223,21 +197,9 @@ async def _load_backend(host, cfg, machine: str, net=None, prepared=None):
     return backend
 
 
-def parse_size(text: str) -> int:
-    """Bytes from ``300MB``, ``1.5GB``, ``512M``, ``2GiB`` or a plain number of bytes."""
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*", text.lower())
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"{text!r} is not a size (e.g. 300MB, 2GB)")
-    power = " kmgt".index(m.group(2) or " ")
-    return int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
-
-
 def _stage_join(cfg, model, hw):
     """``(model directory, geometry, capabilities)`` when this node joins as a pipeline stage,
     else None. ``model``: the prepared model, converted here to the backend's format (cached)."""
-    from node_agents.models import resolve_for_backend
     from node_agents.stage_agent import estimate_tokens_per_s, stage_capabilities, stage_geometry, wants_stage
 
     if cfg.backend not in ("torch", "mlx") or not (cfg.stage or cfg.max_memory_bytes):
@@ -263,18 +225,15 @@ def _stage_join(cfg, model, hw):
     return model_dir, spec, stage_capabilities(cfg.backend, spec, cap, estimate_tokens_per_s(spec, width), hw)
 
 
-def stage_agent(cfg, stage, name):
+def stage_agent(cfg, stage, name, net=None):
     from node_agents.stage_agent import StageAgent
 
     model_dir, spec, caps = stage
-    return StageAgent(cfg, model_dir, spec, caps, name)
+    return StageAgent(cfg, model_dir, spec, caps, name, net)
 
 
 def check_join_args(cfg) -> str | None:
     """What is wrong with the join's addresses and run name (None: nothing)."""
-    from swarm.addrs import check_announce, split_peer_id
-    from swarm.discovery.keys import check_run_name
-
     if not cfg.learner and not cfg.bootstrap:
         return "give --learner MULTIADDR or --bootstrap MULTIADDR (any member of the swarm)"
     for addr in ([cfg.learner] if cfg.learner else []) + cfg.bootstrap:

@@ -1,10 +1,12 @@
-"""Typed configuration of a node (``swarm-node join``)."""
+"""Typed configuration of a node (``swarm-node join``); the join flags are derived from these
+fields (``node_agents/cli.py``)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 
 def default_data_dir() -> Path:
@@ -14,35 +16,36 @@ def default_data_dir() -> Path:
 
 @dataclass
 class NodeConfig:
-    #: Full multiaddr of the learner, including ``/p2p/<peer id>``; empty = find it through
-    #: ``bootstrap`` and the swarm's DHT.
+    #: Full multiaddr of the learner, including ``/p2p/<peer id>``, e.g.
+    #: ``/ip4/1.2.3.4/tcp/4001/p2p/12D3Koo...``; empty = find it through ``bootstrap`` and the swarm's DHT.
     learner: str = ""
     #: Generation backend: ``auto`` (torch on a CUDA GPU, ``mlx`` on Apple Silicon, else
     #: ``llamacpp``), ``llamacpp``, ``torch`` or ``mlx``.
-    backend: str = "auto"
+    backend: Literal["auto", "llamacpp", "torch", "mlx"] = "auto"
     #: Base model: empty = the run's model (fetched from the swarm once, cached by content hash);
-    #: or ``default``, a path to a GGUF file, or an HF directory, checked against the run's at
-    #: hello. Each backend gets it in its own format, converted once and cached.
+    #: or ``default`` (the embedded SmolLM2-135M-Instruct), a path to a GGUF file, or an HF
+    #: directory, which must be the run's (checked at hello). Each backend gets it in its own
+    #: format, converted once and cached.
     model: str = ""
     #: llama.cpp nodes: quantisation of the GGUF they load (``keep``, ``f16``, ``q8_0``, ``q4_1``),
-    #: made once with llama.cpp's quantiser and cached.
-    quant: str = "keep"
+    #: made once with llama.cpp's quantiser and cached (``keep`` = as served).
+    quant: Literal["keep", "f16", "q8_0", "q4_1"] = "keep"
     #: Content hash of the model this node holds (``swarm.content.model_id``; set at join).
     model_sha256: str = ""
     #: torch device (``cuda``, ``cuda:1``, ``cpu``); empty = CUDA when available, else CPU.
     device: str = ""
     #: Weight dtype of torch/mlx (``float32``, ``bfloat16``, ``float16``); empty = bf16 (fp16 if
     #: unsupported) on CUDA, fp32 on CPU and MLX.
-    dtype: str = ""
+    dtype: Literal["", "float32", "bfloat16", "float16"] = ""
     #: Identity key and scratch files live here (same peer id across restarts).
     data_dir: Path = default_data_dir()
     #: Multiaddr the node listens on (other nodes dial it to relay adapter chunks); all
     #: interfaces by default, advertised as the interface addresses (never 0.0.0.0).
     listen: str = "/ip4/0.0.0.0/tcp/0"
-    #: Multiaddrs of any swarm members (learner or nodes) to join the DHT through; the first
-    #: live one is used and the run's learner is looked up in the DHT.
+    #: Multiaddrs of any swarm members (learner or nodes), each ending in ``/p2p/<id>``, to join
+    #: the DHT through; the first live one is used and the run's learner is looked up in the DHT.
     bootstrap: list[str] = field(default_factory=list)
-    #: Run to join (``--run``); a learner of another run is refused. Empty = the bootstrap
+    #: Run to join; a learner of another run is refused. Empty = the bootstrap
     #: peer's run (or whatever run ``learner`` trains).
     run: str = ""
     #: Extra multiaddrs to advertise (a public address or port mapping), e.g. ``/ip4/203.0.113.7/tcp/4002``.
@@ -74,11 +77,12 @@ class NodeConfig:
     n_ctx: int = 2048
     #: Measure generation speed at join and report it in the hello.
     probe: bool = True
-    #: Memory (bytes) this node may use for the model; 0 = the device's. A torch/MLX node whose
+    #: Memory (bytes; on the command line e.g. ``300MB`` or ``2GB``) this node may use for the
+    #: model; 0 = the device's. A torch/MLX node whose
     #: cap is too small for the whole model joins as a pipeline *stage* node and loads only the
     #: layer range the learner assigns (``node_agents.stage_agent``).
     max_memory_bytes: int = 0
     #: Join as a stage node even when the whole model would fit (torch/MLX only).
     stage: bool = False
     #: Dtype of hidden states a stage sends to the next one (``float32``, ``bfloat16``, ``float16``).
-    wire_dtype: str = "float32"
+    wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -2,17 +2,28 @@
 
 Every config section is a dataclass whose fields carry a ``#:`` comment explaining them.
 ``load_config(cls, path, overrides)`` reads a TOML file (unknown keys are an error, so a
-typo never passes silently) and applies ``section.key=value`` overrides parsed as TOML
-values (``train.steps=20``, ``model.name="/path/model.gguf"``).
+typo never passes silently), applies ``section.key=value`` overrides parsed as TOML
+values (``train.steps=20``, ``model.name="/path/model.gguf"``) and calls the config's
+``validate()`` when it has one.
+
+CLI shortcut flags (``--device DEV`` for ``--set train.device=DEV``) are declared once as
+:class:`Shortcut` rows naming a field; :func:`add_shortcuts` derives each flag's type, choices
+and help from the field (its annotation and its ``#:`` comment), and :func:`shortcut_overrides`
+/ :func:`shortcut_values` turn the given flags back into overrides.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
+import inspect
+import re
 import tomllib
+import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar, get_args, get_origin
+from typing import Any, Callable, TypeVar, get_args, get_origin
 
 C = TypeVar("C")
 
@@ -39,7 +50,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where)
     origin = get_origin(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if origin in (typing.Union, types.UnionType):
         if value is None:
             return None
         args = [a for a in get_args(tp) if a is not type(None)]
@@ -97,7 +108,11 @@ def load_config(cls: type[C], path: Path | None = None, overrides: list[str] | N
             raise ConfigError(f"config file not found: {path}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML: {e}") from None
-    return from_dict(cls, apply_overrides(data, overrides or []))
+    cfg = from_dict(cls, apply_overrides(data, overrides or []))
+    validate = getattr(cfg, "validate", None)
+    if callable(validate):
+        validate()
+    return cfg
 
 
 def dump_toml(data: dict[str, Any]) -> str:
@@ -128,3 +143,123 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
     raise ConfigError(f"cannot write {type(v).__name__} to TOML")
+
+
+# -- field documentation and CLI shortcuts --------------------------------------------------------
+_FIELD = re.compile(r"^    (\w+)\s*:")
+
+
+@functools.lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """The ``#:`` comment lines right above each field of dataclass ``cls``, joined into one line."""
+    docs: dict[str, str] = {}
+    pending: list[str] = []
+    for line in inspect.getsource(cls).splitlines()[1:]:
+        text = line.strip()
+        if text.startswith("#:"):
+            pending.append(text[2:].strip())
+            continue
+        m = _FIELD.match(line)
+        if m and pending:
+            docs[m.group(1)] = " ".join(pending)
+        pending = []
+    return docs
+
+
+def field_info(cls: type, path: str) -> tuple[Any, str, Any]:
+    """(type, ``#:`` doc, default) of the field at dotted ``path`` of dataclass ``cls``."""
+    owner, parts = cls, path.split(".")
+    for i, name in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(owner)}
+        if name not in fields:
+            raise KeyError(f"{path}: {owner.__name__} has no field {name!r}")
+        tp = typing.get_type_hints(owner)[name]
+        if i < len(parts) - 1:
+            owner = tp
+            continue
+        f = fields[name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        return tp, field_docs(owner).get(name, ""), default
+    raise KeyError(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shortcut:
+    """A CLI flag that stands for ``--set <path>=VALUE`` for one or more config fields."""
+
+    #: The flag, e.g. ``--device``.
+    flag: str
+    #: Dotted field path(s) the value goes to (e.g. ``train.device``, or ``("task.seed", "train.seed")``).
+    paths: str | tuple[str, ...]
+    #: A flag without a value that sets the field(s) to this constant (None: the flag takes a value).
+    const: Any = None
+    #: Further fields set to fixed values whenever the flag is given.
+    also: tuple[tuple[str, Any], ...] = ()
+    #: Converts the flag's text to the field's value (default: the field's type).
+    parse: Callable[[str], Any] | None = None
+    #: Placeholder in ``--help``.
+    metavar: str | None = None
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return (self.paths,) if isinstance(self.paths, str) else tuple(self.paths)
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+def _help_text(doc: str) -> str:
+    return doc.replace("``", "").replace("%", "%%")
+
+
+def add_shortcuts(parser: Any, cls: type, shortcuts: tuple[Shortcut, ...]) -> None:
+    """Add each shortcut to ``parser`` (a parser or an argument group): type, choices and help come
+    from the field (its annotation, its ``#:`` comment and its default); not given = the config's value."""
+    for sc in shortcuts:
+        infos = [field_info(cls, p) for p in sc.fields]
+        tp, _doc, default = infos[0]
+        doc = " ".join(_help_text(d) for _, d, _ in infos if d)
+        where = ", ".join(sc.fields)
+        if sc.const is not None:
+            parser.add_argument(sc.flag, dest=sc.dest, action="store_const", const=sc.const, default=None,
+                                help=f"set {where} = {_toml_value(sc.const)}. {doc}")
+            continue
+        kwargs: dict[str, Any] = {"dest": sc.dest, "default": None, "metavar": sc.metavar}
+        if get_origin(tp) in (typing.Union, types.UnionType):
+            tp = next(a for a in get_args(tp) if a is not type(None))
+        if get_origin(tp) is list:
+            kwargs.update(action="append", type=get_args(tp)[0])
+        elif get_origin(tp) is typing.Literal:
+            choices = list(get_args(tp))
+            kwargs.update(choices=choices, type=type(choices[0]))
+        else:
+            kwargs["type"] = tp
+        if sc.parse is not None:
+            kwargs["type"] = str
+        shown = _toml_value(str(default) if isinstance(default, Path) else default)
+        parser.add_argument(sc.flag, help=f"{doc} (sets {where}; default {_help_text(shown)})", **kwargs)
+
+
+def shortcut_values(args: argparse.Namespace, shortcuts: tuple[Shortcut, ...]) -> dict[str, Any]:
+    """``{field path: value}`` of the shortcut flags given on the command line."""
+    out: dict[str, Any] = {}
+    for sc in shortcuts:
+        value = getattr(args, sc.dest, None)
+        if value is None:
+            continue
+        if sc.parse is not None:
+            try:
+                value = sc.parse(value)
+            except ValueError as e:
+                raise ConfigError(f"{sc.flag}: {e}") from None
+        for path in sc.fields:
+            out[path] = value
+        out.update(dict(sc.also))
+    return out
+
+
+def shortcut_overrides(args: argparse.Namespace, shortcuts: tuple[Shortcut, ...]) -> list[str]:
+    """The given shortcut flags as ``path=value`` overrides (values written as TOML)."""
+    return [f"{path}={_toml_value(str(v) if isinstance(v, Path) else v)}"
+            for path, v in shortcut_values(args, shortcuts).items()]

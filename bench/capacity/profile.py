@@ -86,7 +86,7 @@ def task_prompts(args: argparse.Namespace, n: int) -> list[list[int]] | None:
         return None
     from learner.config import LearnerConfig
     from learner.episodes import initial_prompt, run_task
-    from learner.loop import load_tokenizer
+    from learner.models import load_tokenizer
     from learner.models import resolve_model
 
     cfg = LearnerConfig()
@@ -134,7 +134,7 @@ def profile_learner(args: argparse.Namespace, lengths: list[int], prompts: list[
     import numpy as np
 
     from learner.config import LearnerConfig
-    from learner.loop import build_trainer
+    from learner.trainer_build import build_trainer
     from learner.models import resolve_model
     from learner.trainer import TrainSample
 
@@ -154,14 +154,14 @@ def profile_learner(args: argparse.Namespace, lengths: list[int], prompts: list[
             c_len = max(1, int(rng.choice(lengths)))
             batch.append(TrainSample(prompt, rng.integers(10, vocab, c_len).tolist(), [-1.0] * c_len, float(a)))
     prompt_tokens = sum(len(b.prompt_ids) for b in batch) / len(batch)
-    from learner.publish import adapter_reply
+    from swarm.proto.adapter import AdapterReply
 
     trainer.train_step(batch)  # the first step pays one-off costs (allocations, kernels)
     stats = trainer.train_step(batch)
     verify_s = profile_verify(trainer, batch[:args.group_size])
     t0 = time.perf_counter()
     adapter = trainer.export_adapter(1)
-    adapter_reply(adapter)
+    AdapterReply.from_adapter(adapter)
     publish_s = time.perf_counter() - t0
     n_bytes = sum(int(t.nbytes) for t in adapter.tensors.values())
     learner = {"train_s": float(stats["step_time_s"]), "samples": len(batch),

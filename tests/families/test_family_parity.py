@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from family_helpers import FAMILIES, lora_for
-from node_agents.backends.base import LoraAdapter, SamplingParams
+from common.lora import LoraAdapter
+from node_agents.backends.base import SamplingParams
 
 TOL = 1e-3  # log-prob
 WRONG_MIN = 0.5  # a wrong layout must miss by at least this much
@@ -216,11 +217,13 @@ def test_learner_exported_adapter_matches_the_learner_on_every_backend(backends,
     import torch
 
     from learner.models import resolve_model
-    from learner.trainer import ComputeConfig, LoraConfig, Trainer
+    from learner.config import LoraSettings, TrainConfig
+    from learner.trainer import Trainer
 
     b = backends(family)
-    tr = Trainer(resolve_model(b.fm.hf_dir), LoraConfig(rank=4, alpha=8.0),
-                 compute=ComputeConfig(device="cpu", torch_threads=1))
+    tr = Trainer(resolve_model(b.fm.hf_dir), TrainConfig(lr=5e-5, loss="decoupled", is_cap=2.0, minibatches=1,
+                                                         micro_batch=8, precision="autocast", device="cpu", torch_threads=1),
+                 LoraSettings(rank=4, alpha=8.0))
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in tr.model.named_parameters():

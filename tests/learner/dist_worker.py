@@ -10,8 +10,10 @@ from pathlib import Path
 import torch
 
 from learner import distributed as D
+from learner.config import LoraSettings, TrainConfig
 from learner.models import ResolvedModel
-from learner.trainer import ComputeConfig, LoraConfig, LossConfig, OptimConfig, Trainer, TrainSample
+from learner.trainer import Trainer, TrainSample
+from learner.trainer_build import follower_loop, wrap_for_ranks
 
 
 UPDATES = 2  # optimizer updates (minibatches) per train_step
@@ -45,13 +47,13 @@ def main() -> int:
     ctx = D.init("cpu", timeout_s=120)
     if a.skip_allreduce:
         D.all_reduce_grads = lambda ctx, params: None
-    tr = Trainer(ResolvedModel("tiny", None, a.model), LoraConfig(rank=4, alpha=8),
-                 OptimConfig(lr=1e-2, minibatches=UPDATES), LossConfig(kind="decoupled"),
-                 ComputeConfig(micro_batch_size=4, bf16_autocast=False, torch_threads=1, fsdp=a.fsdp,
-                               grad_checkpointing=a.grad_ckpt), seed=0, dist=ctx)
+    tr = Trainer(ResolvedModel("tiny", None, a.model),
+                 TrainConfig(lr=1e-2, minibatches=UPDATES, loss="decoupled", is_cap=2.0, micro_batch=4, precision="fp32",
+                             device="cpu", torch_threads=1, fsdp=a.fsdp, grad_checkpointing=a.grad_ckpt, seed=0),
+                 LoraSettings(rank=4, alpha=8), dist=ctx)
     a.out.mkdir(parents=True, exist_ok=True)
     if ctx.is_main:
-        trainer = D.wrap_for_ranks(tr)
+        trainer = wrap_for_ranks(tr)
         if a.resume is not None:
             trainer.load_checkpoint(a.resume)
         batch = fixed_batch(int(tr.model.get_base_model().config.vocab_size))
@@ -63,7 +65,7 @@ def main() -> int:
         if ctx.active:
             trainer.stop_followers()
     else:
-        print(f"rank {ctx.rank}: trained {D.follower_loop(tr, ctx)} steps", flush=True)
+        print(f"rank {ctx.rank}: trained {follower_loop(tr, ctx)} steps", flush=True)
     torch.save({k: torch.from_numpy(v) for k, v in tr.export_adapter(0).tensors.items()},
                a.out / f"adapter_rank{ctx.rank}.pt")
     D.shutdown()

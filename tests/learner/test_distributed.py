@@ -8,13 +8,15 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from learner.config import TrainConfig
 from learner.distributed import env_context, resolve_device, shard_groups
-from learner.launch_gpus import check_train_placement, torchrun_command
+from learner.launch_gpus import torchrun_command
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,11 +58,11 @@ def test_env_context_and_device_resolution():
 
 
 def test_config_check_and_torchrun_command(tmp_path):
-    ok = SimpleNamespace(device="cuda:1", precision="bf16", dist_timeout_s=60.0)
-    check_train_placement(ok)
+    ok = TrainConfig(device="cuda:1", precision="bf16", dist_timeout_s=60.0)
+    ok.validate()
     for bad in (dict(device="gpu"), dict(precision="fp8"), dict(dist_timeout_s=0)):
         with pytest.raises(ValueError):
-            check_train_placement(SimpleNamespace(**{**vars(ok), **bad}))
+            replace(ok, **bad).validate()
     cmd = torchrun_command(4, ["-v", "launch", "--config", "c.toml", "--gpus", "4", "--run-dir", "old"],
                            tmp_path, python="py")
     assert cmd[:5] == ["py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]

@@ -71,15 +71,17 @@ def tiny_trainer(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from learner.models import ResolvedModel
-    from learner.trainer import ComputeConfig, LoraConfig, OptimConfig, Trainer
+    from learner.config import LoraSettings, TrainConfig
+    from learner.trainer import Trainer
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     d = tmp_path_factory.mktemp("tiny")
     LlamaForCausalLM(cfg).save_pretrained(d)
-    return Trainer(ResolvedModel("tiny", None, d), LoraConfig(rank=4, alpha=8), OptimConfig(lr=1e-2),
-                   compute=ComputeConfig(micro_batch_size=0, bf16_autocast=False, torch_threads=1))
+    return Trainer(ResolvedModel("tiny", None, d),
+                   TrainConfig(lr=1e-2, loss="decoupled", is_cap=2.0, minibatches=1, micro_batch=0, precision="fp32",
+                               device="cpu", torch_threads=1), LoraSettings(rank=4, alpha=8))
 
 
 def batch_of(n, p=6, c=4):

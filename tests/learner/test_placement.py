@@ -7,7 +7,8 @@ import torch
 
 from learner.models import ResolvedModel
 from learner.placement import resolve_precision
-from learner.trainer import ComputeConfig, LoraConfig, OptimConfig, Trainer, TrainSample
+from learner.config import LoraSettings, TrainConfig
+from learner.trainer import Trainer, TrainSample
 
 
 def test_precision_setting():
@@ -44,13 +45,13 @@ def batch() -> list[TrainSample]:
     return out
 
 
-def trainer(model, **compute) -> Trainer:
-    return Trainer(model, LoraConfig(rank=4, alpha=8), OptimConfig(lr=1e-2),
-                   compute=ComputeConfig(micro_batch_size=4, torch_threads=1, **compute))
+def trainer(model, **train) -> Trainer:
+    return Trainer(model, TrainConfig(lr=1e-2, loss="decoupled", is_cap=2.0, minibatches=1, micro_batch=4,
+                                      device="cpu", torch_threads=1, **train), LoraSettings(rank=4, alpha=8))
 
 
 def test_bf16_base_keeps_lora_and_adam_state_in_float32(tiny):
-    tr = trainer(tiny, base_dtype="bfloat16", bf16_autocast=True)
+    tr = trainer(tiny, precision="bf16")
     base_w = tr.model.get_base_model().model.layers[0].mlp.up_proj.base_layer.weight
     assert base_w.dtype == torch.bfloat16
     assert tr.params and all(p.dtype == torch.float32 for p in tr.params)
@@ -62,9 +63,9 @@ def test_bf16_base_keeps_lora_and_adam_state_in_float32(tiny):
 
 
 def test_grad_checkpointing_gives_the_same_update(tiny):
-    plain = trainer(tiny, bf16_autocast=False)
-    ckpt = trainer(tiny, bf16_autocast=False, grad_checkpointing=True)
-    assert not ckpt.compute.share_prompt  # a checkpointed forward keeps no KV cache
+    plain = trainer(tiny, precision="fp32")
+    ckpt = trainer(tiny, precision="fp32", grad_checkpointing=True)
+    assert not ckpt.share_prompt  # a checkpointed forward keeps no KV cache
     assert all(layer.gradient_checkpointing for layer in ckpt.model.get_base_model().model.layers)
     assert not any(layer.gradient_checkpointing for layer in plain.model.get_base_model().model.layers)
     a, b = plain.train_step(batch()), ckpt.train_step(batch())

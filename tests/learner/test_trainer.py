@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from learner.models import ResolvedModel
-from learner.trainer import ComputeConfig, LoraConfig, LossConfig, OptimConfig, Trainer, TrainSample
+from learner.config import LoraSettings, TrainConfig
+from learner.trainer import Trainer, TrainSample
 
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 128, 64, 2, 4, 2, 96
 
@@ -26,8 +27,9 @@ def tiny_model(tmp_path_factory) -> ResolvedModel:
 
 
 def make_trainer(model, lr=1e-2, bf16=False, mb=4, kind="decoupled", seed=0) -> Trainer:
-    return Trainer(model, LoraConfig(rank=4, alpha=8), OptimConfig(lr=lr), LossConfig(kind=kind),
-                   ComputeConfig(micro_batch_size=mb, bf16_autocast=bf16, torch_threads=1), seed=seed)
+    return Trainer(model, TrainConfig(lr=lr, loss=kind, is_cap=2.0, minibatches=1, micro_batch=mb,
+                                      precision="autocast" if bf16 else "fp32", device="cpu", torch_threads=1, seed=seed),
+                   LoraSettings(rank=4, alpha=8))
 
 
 def make_batch(trainer: Trainer, n=4, seed=1) -> list[TrainSample]:
@@ -178,8 +180,9 @@ def _group_batch(trainer: Trainer, group=4, seed=5) -> list[TrainSample]:
 def test_shared_prompt_path_matches_plain_path(tiny_model):
     lps, grads = [], []
     for share in (True, False):
-        tr = Trainer(tiny_model, LoraConfig(rank=4, alpha=8), OptimConfig(lr=1e-2), LossConfig(),
-                     ComputeConfig(micro_batch_size=8, bf16_autocast=False, share_prompt=share, torch_threads=1))
+        tr = Trainer(tiny_model, TrainConfig(lr=1e-2, loss="decoupled", is_cap=2.0, minibatches=1, micro_batch=8,
+                                             precision="fp32", share_prompt=share, device="cpu", torch_threads=1),
+                     LoraSettings(rank=4, alpha=8))
         batch = _group_batch(tr)
         tr.train_step(batch)  # afterwards lora_B != 0, so the adapter matters below
         lps.append(tr.logprobs(batch))
@@ -196,8 +199,9 @@ def test_minibatches_take_one_optimizer_step_each(tiny_model):
     """optim.minibatches=2 splits the batch by prompt group and steps twice; the result equals
     two one-minibatch steps on the same halves."""
     def trainer(mbs):
-        return Trainer(tiny_model, LoraConfig(rank=4, alpha=8), OptimConfig(lr=1e-2, minibatches=mbs),
-                       LossConfig(kind="ppo_clip"), ComputeConfig(micro_batch_size=4, torch_threads=1), seed=0)
+        return Trainer(tiny_model, TrainConfig(lr=1e-2, minibatches=mbs, loss="ppo_clip", micro_batch=4,
+                                               precision="autocast", device="cpu", torch_threads=1, seed=0),
+                       LoraSettings(rank=4, alpha=8))
 
     split, plain = trainer(2), trainer(1)
     batch = make_batch(split, n=4)
@@ -220,8 +224,9 @@ def test_env_tokens_of_multi_turn_samples_get_no_gradient(tiny_model, share):
     gradient equals a hand-written loss over the model tokens alone."""
     from learner.grpo import policy_loss
 
-    tr = Trainer(tiny_model, LoraConfig(rank=4, alpha=8), OptimConfig(lr=1e-2), LossConfig(kind="ppo_clip"),
-                 ComputeConfig(micro_batch_size=8, bf16_autocast=False, share_prompt=share, torch_threads=1))
+    tr = Trainer(tiny_model, TrainConfig(lr=1e-2, minibatches=1, loss="ppo_clip", micro_batch=8, precision="fp32",
+                                         share_prompt=share, device="cpu", torch_threads=1),
+                 LoraSettings(rank=4, alpha=8))
     batch = _group_batch(tr)  # one prompt, completions of 2, 4, 6, 8 tokens
     tr.train_step(batch)  # lora_B != 0 from here on
     plain_lp = tr.logprobs(batch)

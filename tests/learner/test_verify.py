@@ -117,14 +117,16 @@ def test_group_scoring_matches_the_trainers_logprobs_for_ragged_completions(tmp_
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from learner.models import ResolvedModel
-    from learner.trainer import ComputeConfig, LoraConfig, LossConfig, OptimConfig, Trainer, TrainSample
+    from learner.config import LoraSettings, TrainConfig
+    from learner.trainer import Trainer, TrainSample
 
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                                  tie_word_embeddings=True)).save_pretrained(tmp_path)
-    trainer = Trainer(ResolvedModel(name="tiny", gguf_path=None, hf_dir=tmp_path), LoraConfig(rank=4, alpha=8),
-                      OptimConfig(), LossConfig(), ComputeConfig(micro_batch_size=4, torch_threads=1), seed=0)
+    trainer = Trainer(ResolvedModel(name="tiny", gguf_path=None, hf_dir=tmp_path),
+                      TrainConfig(lr=5e-5, loss="decoupled", is_cap=2.0, minibatches=1, micro_batch=4, precision="autocast",
+                                  device="cpu", torch_threads=1, seed=0), LoraSettings(rank=4, alpha=8))
     cfg = types.SimpleNamespace(first_groups=2, sample_frac=0.0, budget_s_per_step=0.0,
                                 max_mean_abs_diff={"default": 0.3}, max_abs_z=8.0, surprisal_slack=0.2)
     v = Verifier(trainer=trainer, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0)

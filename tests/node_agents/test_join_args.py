@@ -56,5 +56,5 @@ def test_learner_flags_become_config():
 
 @pytest.mark.parametrize("flags", [["--run", "a/b"], ["--announce", "/ip4/0.0.0.0/tcp/1"], ["--bootstrap", "/ip4/1.2.3.4/tcp/1"]])
 def test_bad_learner_flags_are_config_errors(flags):
-    with pytest.raises(ConfigError):
-        network_overrides(learner_parser().parse_args(["launch", "--config", "x", *flags]))
+    with pytest.raises(ConfigError):  # checked when the config is loaded (learner/config.py validate())
+        load_config(LearnerConfig, None, network_overrides(learner_parser().parse_args(["launch", "--config", "x", *flags])))

@@ -125,14 +125,16 @@ def test_profile_times_the_learners_check_of_one_group(tmp_path):
 
     from bench.capacity.profile import profile_verify
     from learner.models import ResolvedModel
-    from learner.trainer import ComputeConfig, LoraConfig, LossConfig, OptimConfig, Trainer, TrainSample
+    from learner.config import LoraSettings, TrainConfig
+    from learner.trainer import Trainer, TrainSample
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     LlamaForCausalLM(cfg).save_pretrained(tmp_path)
-    trainer = Trainer(ResolvedModel(name="tiny", gguf_path=None, hf_dir=tmp_path), LoraConfig(rank=4, alpha=8),
-                      OptimConfig(), LossConfig(), ComputeConfig(torch_threads=1))
+    trainer = Trainer(ResolvedModel(name="tiny", gguf_path=None, hf_dir=tmp_path),
+                      TrainConfig(lr=5e-5, loss="decoupled", is_cap=2.0, minibatches=1, micro_batch=8, precision="autocast",
+                                  device="cpu", torch_threads=1), LoraSettings(rank=4, alpha=8))
     group = [TrainSample([5, 6, 7], [10 + i, 20 + i, 30], [-1.0] * 3, 1.0) for i in range(4)]
     s = profile_verify(trainer, group)
     assert 0.0 < s < 30.0
