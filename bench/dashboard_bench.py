@@ -118,13 +118,14 @@ def render_times(step_counts: list[int], repeats: int = 20) -> dict:
 
     from learner.config import LearnerConfig
     from learner.coordinator import Coordinator, Limits
-    from learner.service import LearnerService, SamplingDefaults
+    from learner.service import LearnerService, SamplingDefaults, ServiceSettings
     from learner.web.app import SectionRenderer
     from learner.web.state import DashboardSource, snapshot
     from swarm.proto.hello import Hello
 
-    service = LearnerService(Coordinator(Limits(8, 64, 50_000), 120.0, 1), SamplingDefaults(1.0, 1.0, 64, 0),
-                             group_size=8, run_id="bench", model_name="default", long_poll_s=5.0)
+    service = LearnerService(Coordinator(Limits(8, 64, 50_000), 120.0, 1),
+                             ServiceSettings(SamplingDefaults(1.0, 1.0, 64, 0), group_size=8, run_id="bench",
+                                             model_name="default", long_poll_s=5.0))
     for i, backend in enumerate(("llamacpp", "torch")):
         trio.run(service.on_hello, Hello(backend=backend, device="cpu", memory_bytes=1, tokens_per_s=1.0), f"peer{i}")
     out = {"loadavg": [round(x, 2) for x in os.getloadavg()]}
@@ -148,10 +149,12 @@ async def measure(args) -> dict:
 
     from learner.config import LearnerConfig
     from learner.coordinator import Coordinator, Limits
-    from learner.loop import LoopState, build_trainer, load_tokenizer
+    from learner.checkpoint import LoopState
+    from learner.trainer_build import build_trainer
+    from learner.models import load_tokenizer
     from learner.models import resolve_model
-    from learner.publish import adapter_reply
-    from learner.service import LearnerService, SamplingDefaults
+    from swarm.proto.adapter import AdapterReply
+    from learner.service import LearnerService, SamplingDefaults, ServiceSettings
     from learner.web.app import create_app
     from learner.web.server import start_dashboard
     from learner.web.state import DashboardSource, snapshot
@@ -167,8 +170,8 @@ async def measure(args) -> dict:
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, resolved.hf_dir)
     batch = make_batch(args.sequences, args.tokens, len(tokenizer))
     coord = Coordinator(Limits(group_size=8, max_tokens=args.tokens, vocab_size=len(tokenizer)), 120.0, 1)
-    service = LearnerService(coord, SamplingDefaults(1.0, 1.0, args.tokens, 0), group_size=8, run_id="bench",
-                             model_name=cfg.model.name, long_poll_s=5.0)
+    service = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, args.tokens, 0), group_size=8,
+                                                    run_id="bench", model_name=cfg.model.name, long_poll_s=5.0))
     for i, backend in enumerate(("llamacpp", "torch")):
         await service.on_hello(Hello(backend=backend, device="cpu", memory_bytes=2**32, tokens_per_s=100.0), f"peer{i}")
     state, metrics = LoopState(), type("Rows", (), {"rows": []})()
@@ -185,7 +188,7 @@ async def measure(args) -> dict:
         stats = await trio.to_thread.run_sync(trainer.train_step, batch)
         state.step += 1
         state.version += 1
-        service.publish(adapter_reply(trainer.export_adapter(state.version)))
+        service.publish(AdapterReply.from_adapter(trainer.export_adapter(state.version)))
         dt = time.perf_counter() - t0
         metrics.rows.append({"step": state.step, "policy_version": state.version, "reward_mean": random.random(),
                              "samples": len(batch), "samples_per_s": len(batch) / dt, "learner_idle_s": 0.0,

@@ -191,7 +191,7 @@ def run(args) -> None:
     import trio
 
     from learner.coordinator import Coordinator, GroupSpec, Limits
-    from learner.service import LearnerService, SamplingDefaults
+    from learner.service import LearnerService, SamplingDefaults, ServiceSettings
     from swarm.host import HostConfig, open_host
 
     tmp = Path(tempfile.mkdtemp(prefix="echo-load-"))
@@ -202,8 +202,9 @@ def run(args) -> None:
         coord = Coordinator(Limits(group_size=args.group_size, max_tokens=args.tokens, vocab_size=1000),
                             lease_timeout_s=120.0, groups_per_lease=1)
         coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3, 4], str(i)) for i in range(args.groups)])
-        svc = LearnerService(coord, SamplingDefaults(1.0, 1.0, args.tokens, 0), group_size=args.group_size,
-                             run_id="load", model_name="m", long_poll_s=5.0)
+        svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, args.tokens, 0),
+                                                    group_size=args.group_size, run_id="load", model_name="m",
+                                                    long_poll_s=5.0))
         async with open_host(tmp / "learner", config=HostConfig(request_timeout_s=120.0, handler_timeout_s=60.0)) as host:
             svc.register(host)
             addr = host.addrs[0]

@@ -16,10 +16,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+
+from learner.coordinator import GroupSpec
+from learner.episodes import initial_prompt
 
 #: Complete checkpoints kept on disk (older ones are deleted).
 KEEP_CHECKPOINTS = 2
+
+
+@dataclass
+class LoopState:
+    """Where the run is, saved with every checkpoint beside the trainer's own state."""
+
+    step: int = 0
+    version: int = 0
+    next_problem: int = 0
+    wall_s: float = 0.0
 
 
 def save_state(run_dir: Path, trainer, state, open_problems: list[str] | None = None) -> Path:
@@ -50,9 +64,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
-def load_state(run_dir: Path, trainer):
-    from learner.loop import LoopState
-
+def load_state(run_dir: Path, trainer) -> LoopState:
     path = latest_checkpoint(run_dir)
     if path is None:
         raise FileNotFoundError(f"no checkpoint to resume from in {Path(run_dir) / 'checkpoints'}")
@@ -96,8 +108,5 @@ def run_identity(run_dir: Path, resume: bool, fresh_id: str) -> tuple[str, str]:
 def reissue_specs(refs: list[str], task, tokenizer, multi_turn: bool) -> list:
     """Group specs for problem refs saved by :func:`save_state`, built exactly as the step
     functions build them (same group id, same prompt), so a resumed run issues them again."""
-    from learner.coordinator import GroupSpec
-    from learner.episodes import initial_prompt
-
     return [GroupSpec(f"g{ref}", initial_prompt(task, tokenizer, task.problem("train", int(ref)), multi_turn), ref)
             for ref in refs]

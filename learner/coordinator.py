@@ -23,16 +23,15 @@ makes them ``completed`` (trainable), :meth:`Coordinator.revoke_peer` (the peer 
 from __future__ import annotations
 
 import itertools
-import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
 from learner.buffer import ReplayBuffer
-from learner.holds import Holds
+from learner.holds import HoldBook
+from learner.rollout_checks import Limits, validate_group  # noqa: F401 (Limits re-exported)
 from learner.ledger_states import COMPLETED, HELD, LEASED, PENDING, TRAINED  # noqa: F401 (re-exported)
-from swarm.proto.rollouts import Completion, GroupResult
-from tasks.episode_tokens import mask_runs
+from swarm.proto.rollouts import GroupResult
 
 #: How many expired leases are remembered for late pushes.
 MAX_EXPIRED_LEASES = 10_000
@@ -67,81 +66,12 @@ class CompletedGroup:
     received_at: float
 
 
-@dataclass
-class Limits:
-    """What a result must satisfy to be accepted."""
-
-    group_size: int
-    max_tokens: int
-    vocab_size: int
-    #: Behaviour log-probs above this are rejected (they must be <= 0; small slack for rounding).
-    max_logprob: float = 1e-3
-    #: Multi-turn runs: most model turns per episode (each at most ``max_tokens``). 0 = a
-    #: single-turn run, where a completion with a mask is refused.
-    max_turns: int = 0
-    #: Multi-turn runs: most tokens of an episode after its initial prompt (model and
-    #: environment turns together); replaces ``max_tokens`` as the length bound.
-    max_episode_tokens: int = 0
-
-
-def validate_group(result: GroupResult, lease: LeaseRecord, limits: Limits) -> str | None:
-    """Why ``result`` is unacceptable for ``lease``, or ``None`` if it is fine."""
-    if result.group_id not in lease.group_ids:
-        return "group_not_in_lease"
-    if result.version != lease.version:
-        return f"wrong_version: lease is v{lease.version}, result says v{result.version}"
-    if len(result.completions) != limits.group_size:
-        return f"group_size: expected {limits.group_size}, got {len(result.completions)}"
-    for c in result.completions:
-        if len(c.token_ids) != len(c.logprobs):
-            return "logprobs_length_mismatch"
-        if not c.token_ids:
-            return "empty_completion"
-        if limits.max_turns > 0:
-            reason = _episode_shape(c, limits)
-            if reason is not None:
-                return reason
-        elif c.mask:
-            return "unexpected_mask: this run is single-turn"
-        elif len(c.token_ids) > limits.max_tokens:
-            return "too_many_tokens"
-        if any(t < 0 or t >= limits.vocab_size for t in c.token_ids):
-            return "token_out_of_vocab"
-        mask = c.mask or [1] * len(c.token_ids)
-        if any(m and (not math.isfinite(lp) or lp > limits.max_logprob) for lp, m in zip(c.logprobs, mask)):
-            return "bad_logprob"
-        if any(not m and lp != 0.0 for lp, m in zip(c.logprobs, mask)):
-            return "bad_logprob: environment tokens carry 0.0"
-        if c.finish_reason not in ("stop", "length"):
-            return "bad_finish_reason"
-    return None
-
-
-def _episode_shape(c: Completion, limits: Limits) -> str | None:
-    """Structural checks of a multi-turn episode record (its replay is :attr:`Coordinator.verify`)."""
-    if not c.mask:
-        return "mask_required: this run trains multi-turn episodes"
-    if len(c.mask) != len(c.token_ids):
-        return "mask_length_mismatch"
-    if any(m not in (0, 1) for m in c.mask):
-        return "bad_mask"
-    if c.mask[0] != 1 or c.mask[-1] != 1:
-        return "bad_mask: an episode starts and ends with a model turn"
-    if len(c.token_ids) > limits.max_episode_tokens:
-        return "too_many_tokens"
-    turns = [end - start for value, start, end in mask_runs(c.mask) if value == 1]
-    if len(turns) > limits.max_turns:
-        return "too_many_turns"
-    if max(turns) > limits.max_tokens:
-        return "turn_too_long"
-    return None
-
-
-class Coordinator(Holds):
+class Coordinator:
     """Hands out leases of prompt groups and collects their rollouts."""
 
     def __init__(self, limits: Limits, lease_timeout_s: float, groups_per_lease: int,
-                 buffer: ReplayBuffer | None = None):
+                 buffer: ReplayBuffer | None = None,
+                 verify: Callable[[GroupSpec, GroupResult], str | None] | None = None):
         self.limits = limits
         self.buffer = buffer
         self.lease_timeout_s = lease_timeout_s
@@ -159,7 +89,7 @@ class Coordinator(Holds):
         self.expired: dict[str, LeaseRecord] = {}
         #: Optional deeper check of an arriving group after :func:`validate_group`:
         #: ``verify(spec, result) -> reason or None`` (multi-turn runs replay the episodes).
-        self.verify: Callable[[GroupSpec, GroupResult], str | None] | None = None
+        self.verify = verify
         #: Results refused on their merits, per reason (their groups went back to pending).
         self.rejections: Counter[str] = Counter()
         #: Group -> peers whose result for it was refused; it is not leased to them again.
@@ -170,11 +100,9 @@ class Coordinator(Holds):
         self.failovers: Counter[str] = Counter()
         #: ... and, per group, the paths it took (the ledger's notes beside its state).
         self.notes: dict[str, list[str]] = {}
-        #: Pushes waiting for verification: hold id -> its groups still ``held`` ...
-        self.holds: dict[str, list[str]] = {}
-        #: ... and each held group's hold id.
-        self.held: dict[str, str] = {}
         self._ids = itertools.count()
+        #: Pushes waiting for verification (``learner/holds.py``).
+        self.hold_book = HoldBook(self.ledger, lambda: f"H{next(self._ids)}")
 
     # -- adding work ---------------------------------------------------------------------
     def add_groups(self, specs: list[GroupSpec]) -> None:
@@ -344,9 +272,39 @@ class Coordinator(Holds):
             self.refused_by.setdefault(gid, set()).add(peer_id)
         return back
 
+    # -- holds (verification after the ack) ------------------------------------------------
+    @property
+    def holds(self) -> dict[str, list[str]]:
+        """Hold id -> its groups still held."""
+        return self.hold_book.holds
+
+    @property
+    def held(self) -> dict[str, str]:
+        """Held group -> its hold id."""
+        return self.hold_book.held
+
+    def hold(self, group_ids: list[str], into: str | None = None) -> str | None:
+        """:meth:`learner.holds.HoldBook.hold`: keep completed groups from training until released."""
+        return self.hold_book.hold(group_ids, into)
+
+    def holding(self, hold_id: str) -> list[str]:
+        return self.hold_book.holding(hold_id)
+
+    def release(self, hold_id: str) -> list[str]:
+        """The hold passed verification: its groups still held become completed. Returns them."""
+        return self.hold_book.release(hold_id)
+
+    def discard_hold(self, hold_id: str, reason: str) -> list[str]:
+        """The hold could not be verified: its groups still held are thrown away (dropped for
+        ``reason``) and pending again at the front of the queue, for any peer. Returns them."""
+        gids = self.holding(hold_id)
+        for gid in reversed(gids):
+            self._discard(gid, reason)
+        return gids
+
     def _discard(self, gid: str, reason: str) -> None:
         """Throw away the untrained result of ``gid`` (completed or held): pending again."""
-        self._unhold(gid)
+        self.hold_book.forget(gid)
         self.completed.pop(gid, None)
         self.drop_counts[reason] += 1
         self.discarded[reason] += 1
@@ -420,7 +378,7 @@ class Coordinator(Holds):
 
     def _record_drops(self, drops: dict[str, str]) -> None:
         for gid, reason in drops.items():
-            self._unhold(gid)
+            self.hold_book.forget(gid)
             self.ledger[gid] = f"dropped:{reason}"
             self.drop_counts[reason] += 1
 

@@ -83,10 +83,11 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
     logs = []
     services: list = []
 
+    if backends and not cfg.sync.min_waiting_nodes:
+        cfg.sync.min_waiting_nodes = len(backends)  # the first step waits for every node
+
     def on_service(service) -> None:
         services.append(service)
-        if backends:
-            service.min_waiting = len(backends)
         if on_learner is not None:
             on_learner(service)
     t0 = time.perf_counter()
@@ -193,7 +194,7 @@ def run_pipeline_demo(cfg, run_dir: Path) -> int:
     """``swarm-learner demo --pipeline``: the learner, three torch nodes capped below the model's
     size (stage nodes: the learner forms a 3-stage pipeline of them) and one llama.cpp node.
     Prints each plan as it is made, and at the end the pipelines and their share of rollouts."""
-    from learner.pipelines import PipelineSettings
+    from learner.pipelines import describe_pipelines, pipeline_settings
     from node_agents.models import resolve_for_backend
     from node_agents.stage_agent import stage_geometry, whole_model_bytes
     from swarm.pipeline.allocate import RunSpec
@@ -201,29 +202,18 @@ def run_pipeline_demo(cfg, run_dir: Path) -> int:
     name = cfg.model.name
     model = name if name == "default" or name.endswith(".gguf") or Path(name).is_dir() else "default"
     spec = stage_geometry(resolve_for_backend(model, "torch"), 4)
-    ps = PipelineSettings()
+    ps = pipeline_settings(cfg.pipeline)
     run = RunSpec(cfg.train.group_size, cfg.train.max_tokens + ps.prompt_tokens, ps.in_flight)
     cap = stage_cap_bytes(spec, run, ps.plan)
     print(f"demo: pipeline mode: 3 torch stage nodes capped at {cap / 1e6:.0f} MB each (the model's weights "
           f"are {whole_model_bytes(spec) / 1e6:.0f} MB in fp32, plus the KV cache of a group) + 1 llama.cpp node",
           flush=True)
+    cfg.sync.min_waiting_nodes = 2  # the pipeline's head and the llama.cpp node share every step
+    cfg.sync.regate_each_version = True
     services: list = []
-
-    def on_learner(service) -> None:
-        services.append(service)
-        service.min_waiting = 2  # the pipeline's head and the llama.cpp node share every step
-        service.regate_each_version = True
-        planned = service.pipelines.on_plan
-
-        def show() -> None:
-            planned()
-            print("demo: pipelines: " + describe_pipelines(service.pipelines.summary(), service.node_backends()),
-                  flush=True)
-        service.pipelines.on_plan = show
-
     stage_args = ["--max-memory", str(cap), "--device", "cpu"]
     code = run_demo(cfg, 4, run_dir, ["torch", "torch", "torch", "llamacpp"],
-                    extra_args=[stage_args, stage_args, stage_args, []], on_learner=on_learner)
+                    extra_args=[stage_args, stage_args, stage_args, []], on_learner=services.append)
     if services:
         svc = services[0]
         summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
@@ -234,18 +224,3 @@ def run_pipeline_demo(cfg, run_dir: Path) -> int:
         if svc.coordinator.failovers:
             print(f"demo: pipeline failovers: {dict(svc.coordinator.failovers)}")
     return code
-
-
-def describe_pipelines(summary: dict, backends: dict[str, str]) -> str:
-    """One line per plan: ``p0 = [0,10) ab12cd > [10,20) ... ; p1 = llamacpp ef34gh (whole)``."""
-    parts = []
-    for p in summary.get("pipelines", []):
-        if len(p["stages"]) == 1:
-            peer = p["stages"][0][0]
-            parts.append(f"{p['id']} = {backends.get(peer, '?')} {peer[-6:]} (whole model)")
-        else:
-            hops = " > ".join(f"[{s},{e}) {peer[-6:]}" for peer, s, e in p["stages"])
-            parts.append(f"{p['id']} = {hops} (~{p['tokens_per_s']:.0f} tok/s)")
-    if summary.get("spare"):
-        parts.append("spare " + ", ".join(p[-6:] for p in summary["spare"]))
-    return "; ".join(parts) or "none yet"

@@ -7,7 +7,7 @@
 - :func:`make_verifier` is the coordinator's check of an arriving group: every episode is
   replayed (``tasks.episode_tokens.replay_record``) and its environment turns must be exactly
   the tokens this side computes; a group with one bad episode is rejected and re-issued.
-- :func:`score_episode_group` recomputes the rewards: the model's turns are cut out of the
+- :func:`learner.scoring.score_episode_group` recomputes the rewards: the model's turns are cut out of the
   record by the mask, the environment replays their actions from the problem's start, and the
   task's documented shaping gives the reward (``task.episode_reward``); nothing the node
   computed is trusted. Each episode becomes one training sample whose loss mask covers the
@@ -110,23 +110,3 @@ def make_verifier(task: Any, tokenizer: Any) -> Callable[[Any, Any], str | None]
             return f"episode_replay: {type(e).__name__}: {e}"
         return None
     return verify
-
-
-def score_episode_group(group: Any, task: Any, tokenizer: Any) -> tuple[list, list[float]]:
-    """(training samples, rewards) of one completed multi-turn group (see the module docstring)."""
-    from learner.grpo import group_advantages
-    from learner.trainer import TrainSample
-
-    problem = task.problem("train", int(group.spec.problem_ref))
-    rewards = []
-    for c in group.result.completions:
-        replay = replay_record(task, problem, tokenizer, c.token_ids, c.mask)
-        if replay.error is not None:  # the coordinator's verifier refuses these; never trust one
-            log.warning("group %s: episode scored 0: %s", group.spec.group_id, replay.error)
-            rewards.append(0.0)
-        else:
-            rewards.append(float(task.episode_reward(problem, replay.texts)))
-    adv = group_advantages(rewards).tolist()
-    samples = [TrainSample(group.spec.prompt_ids, c.token_ids, c.logprobs, float(a), loss_mask=list(c.mask))
-               for c, a in zip(group.result.completions, adv)]
-    return samples, rewards

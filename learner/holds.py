@@ -1,27 +1,27 @@
-"""Holds of the coordinator (verification after the ack, ``learner/verify_queue.py``): the
-accepted groups of a push whose sampled groups are being re-scored are ``held`` under one hold
-id; :meth:`Holds.release` makes them ``completed`` (trainable); a failed or impossible check
-throws them away (``Coordinator._discard``). Mixed into :class:`learner.coordinator.Coordinator`,
-whose ``ledger``, ``holds`` and ``held`` it keeps in step."""
+"""Holds (verification after the ack, ``learner/verify_queue.py``): the accepted groups of a
+push whose sampled groups are being re-scored are ``held`` under one hold id until the check
+passes (:meth:`HoldBook.release`: completed, trainable) or fails (the coordinator throws them
+away). A part of :class:`learner.coordinator.Coordinator`, which owns the ledger it shares
+with the book and makes every hold id."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import Callable
 
 from learner.ledger_states import COMPLETED, HELD
 
 
-class Holds:
-    """Hold, release and discard groups (state in ``ledger``, ``holds`` and ``held``)."""
+class HoldBook:
+    """Which groups are held under which hold; moves them between ``completed`` and ``held``
+    in the shared ``ledger``."""
 
-    ledger: dict[str, str]
-    #: Pushes waiting for verification: hold id -> its groups still ``held`` ...
-    holds: dict[str, list[str]]
-    #: ... and each held group's hold id.
-    held: dict[str, str]
-    #: Hold ids are drawn from the coordinator's id counter; ``_discard`` (its own) makes a
-    #: held group pending again.
-    _ids: Iterator[int]
+    def __init__(self, ledger: dict[str, str], new_id: Callable[[], str]) -> None:
+        self.ledger = ledger
+        self.new_id = new_id
+        #: Pushes waiting for verification: hold id -> its groups still ``held`` ...
+        self.holds: dict[str, list[str]] = {}
+        #: ... and each held group's hold id.
+        self.held: dict[str, str] = {}
 
     def hold(self, group_ids: list[str], into: str | None = None) -> str | None:
         """Keep the completed ``group_ids`` (one push's accepted groups) from training until
@@ -30,7 +30,7 @@ class Holds:
         gids = [g for g in group_ids if self.ledger.get(g) == COMPLETED and g not in self.held]
         if not gids:
             return None
-        hold_id = into if into is not None and self.holds.get(into) else f"H{next(self._ids)}"
+        hold_id = into if into is not None and self.holds.get(into) else self.new_id()
         for gid in gids:
             self.ledger[gid] = HELD
             self.held[gid] = hold_id
@@ -50,16 +50,8 @@ class Holds:
             self.ledger[gid] = COMPLETED
         return gids
 
-    def discard_hold(self, hold_id: str, reason: str) -> list[str]:
-        """The hold's push could not be verified: its groups still held are thrown away
-        (counted as dropped for ``reason``) and pending again at the front of the queue, for
-        any peer. Returns them."""
-        gids = self.holding(hold_id)
-        for gid in reversed(gids):
-            self._discard(gid, reason)
-        return gids
-
-    def _unhold(self, gid: str) -> None:
+    def forget(self, gid: str) -> None:
+        """``gid`` leaves its hold (its result is thrown away or dropped by the coordinator)."""
         hold_id = self.held.pop(gid, None)
         rest = self.holds.get(hold_id) if hold_id is not None else None
         if rest is not None:

@@ -13,22 +13,36 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import trio
 
+from common.model_cache import cache_root
+from learner.adapter_versions import AdapterVersions
+from learner.admission import build_admission
 from learner.buffer import ReplayBuffer
+from learner.checkpoint import (LoopState, load_open_problems, load_state, open_problem_refs, reissue_specs,
+                                run_identity, save_state)
 from learner.config import LearnerConfig
-from learner.coordinator import CompletedGroup, Coordinator, Limits
-from learner.metrics import MetricsWriter, plot_rewards, progress_line, rolling_mean
-from learner.pipelines import pipeline_settings
+from learner.coordinator import Coordinator, Limits
 from learner.dissem import start_learner_dissem
-from learner.publish import adapter_reply
-from learner.service import LearnerService, SamplingDefaults
-from learner.steps import async_step, sequential_step
+from learner.episodes import EpisodeSettings, episode_settings, make_verifier, run_task
+from learner.identity import announce_run, join_swarm, keep_peers, run_name
+from learner.lease_gate import GateSettings
+from learner.metrics import MetricsWriter, plot_rewards, progress_line, rolling_mean
+from learner.model_serve import start_model_serve
+from learner.models import load_tokenizer, resolve_model
+from learner.pipelines import pipeline_settings
+from learner.service import LearnerService, SamplingDefaults, ServiceSettings
+from learner.steps import StepContext, async_step, sequential_step
+from learner.trainer_build import build_trainer
+from learner.verify import Verifier
+from learner.web.server import start_learner_dashboard
 from swarm.config import dump_toml, to_dict
+from swarm.discovery.dht import open_discovery
+from swarm.host import HostConfig, open_host
+from swarm.proto.adapter import AdapterReply
 
 log = logging.getLogger("echo_swarm.learner")
 
@@ -36,85 +50,34 @@ log = logging.getLogger("echo_swarm.learner")
 SHUTDOWN_GRACE_S = 20.0
 
 
-@dataclass
-class LoopState:
-    """What a checkpoint needs besides the trainer's own state."""
-
-    step: int = 0
-    version: int = 0
-    next_problem: int = 0
-    wall_s: float = 0.0
-
-
-@dataclass
-class StepContext:
-    """Everything a step function (:mod:`learner.steps`) works with."""
-
-    cfg: LearnerConfig
-    state: LoopState
-    coord: Coordinator
-    service: LearnerService
-    trainer: object
-    task: object
-    tokenizer: object
-    console: Callable[[str], None]
-    #: Times the last published version's dissemination (``learner.step_timing``); None = not timed.
-    dissem_watch: object = None
-
-
-def build_trainer(resolved, cfg: LearnerConfig):
-    """The peft/GRPO trainer from the learner config (heavy: loads the model)."""
-    from learner.distributed import current, resolve_device
-    from learner.placement import resolve_precision
-    from learner.trainer import ComputeConfig, LoraConfig, LossConfig, OptimConfig, Trainer
-
-    t, lo = cfg.train, cfg.lora
-    dist = current()
-    device = resolve_device(t.device, dist.local_rank)
-    base_dtype, autocast = resolve_precision(t.precision, device)
-    return Trainer(
-        resolved,
-        lora=LoraConfig(rank=lo.rank, alpha=lo.alpha, target_modules=tuple(lo.target_modules)),
-        optim=OptimConfig(lr=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
-                          minibatches=t.minibatches),
-        loss=LossConfig(kind=t.loss, clip_eps_low=t.clip_low, clip_eps_high=t.clip_high, is_cap=t.is_cap),
-        compute=ComputeConfig(micro_batch_size=t.micro_batch, temperature=t.temperature,
-                              torch_threads=t.torch_threads or None, device=device, base_dtype=base_dtype,
-                              bf16_autocast=autocast, grad_checkpointing=t.grad_checkpointing, fsdp=t.fsdp),
-        seed=t.seed,
-        dist=dist,
+def build_coordinator(cfg: LearnerConfig, vocab_size: int, episodes: EpisodeSettings | None,
+                      verify: Callable | None = None) -> Coordinator:
+    """The run's coordinator from ``[train]`` and ``[sync]`` (async mode: with its replay buffer)."""
+    t = cfg.train
+    buffer = None
+    if cfg.sync.mode == "async":
+        buffer = ReplayBuffer(cfg.sync.max_staleness, cfg.sync.buffer_limit(t.prompts_per_step))
+    return Coordinator(
+        Limits(group_size=t.group_size, max_tokens=t.max_tokens, vocab_size=vocab_size,
+               **(episodes.limits() if episodes else {})),
+        lease_timeout_s=cfg.sync.lease_timeout_s,
+        groups_per_lease=cfg.sync.groups_per_lease,
+        buffer=buffer,
+        verify=verify,
     )
 
 
-def score_groups(groups: list[CompletedGroup], task, tokenizer) -> tuple[list, list[float]]:
-    """Rewards recomputed from the tokens -> per-completion samples with GRPO advantages."""
-    from learner.grpo import group_advantages
-    from learner.trainer import TrainSample
-
-    samples: list = []
-    all_rewards: list[float] = []
-    for g in groups:
-        if any(c.mask for c in g.result.completions):  # multi-turn episodes (learner/episodes.py)
-            from learner.episodes import score_episode_group
-
-            more, rewards = score_episode_group(g, task, tokenizer)
-            samples += more
-            all_rewards += rewards
-            continue
-        problem = task.problem("train", int(g.spec.problem_ref))
-        texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in g.result.completions]
-        rewards = [float(task.reward(problem, t)) for t in texts]
-        adv = group_advantages(rewards).tolist()
-        for c, a in zip(g.result.completions, adv):
-            samples.append(TrainSample(g.spec.prompt_ids, c.token_ids, c.logprobs, float(a)))
-        all_rewards += rewards
-    return samples, all_rewards
-
-
-def load_tokenizer(hf_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(hf_dir))
+def service_settings(cfg: LearnerConfig, run_id: str, run_name: str, model_sha256: str) -> ServiceSettings:
+    """The service's settings from ``[train]``, ``[sync]``, ``[pipeline]`` and the model."""
+    t = cfg.train
+    return ServiceSettings(
+        sampling=SamplingDefaults(t.temperature, t.top_p, t.max_tokens, t.seed),
+        group_size=t.group_size, run_id=run_id, model_name=cfg.model.name, long_poll_s=cfg.sync.long_poll_s,
+        run_name=run_name, model_sha256=model_sha256,
+        gate=GateSettings(min_waiting=cfg.sync.min_waiting_nodes, regate_each_version=cfg.sync.regate_each_version,
+                          timeout_s=cfg.sync.gate_timeout_s),
+        pipeline=pipeline_settings(cfg.pipeline),
+    )
 
 
 async def run_learner(
@@ -131,14 +94,6 @@ async def run_learner(
     ``on_service`` receives the live service (tests and tools watch its coordinator).
     ``data_dir`` keeps the learner's key (same peer id every launch; ``swarm-learner launch``
     passes ``--data-dir``); None = ``run_dir/identity`` (one identity per run dir)."""
-    from learner.checkpoint import load_open_problems, load_state, open_problem_refs, reissue_specs, run_identity, save_state
-    from learner.models import resolve_model
-    from swarm.host import HostConfig, open_host
-    from learner.episodes import episode_settings, make_verifier, run_task
-
-    from learner.identity import announce_run, join_swarm, keep_peers, run_name
-    from swarm.discovery.dht import open_discovery
-
     name = run_name(cfg)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -146,9 +101,6 @@ async def run_learner(
     console(f"learner: loading model {cfg.model.name!r} ...")
     resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, cfg.model.cache_dir or None)
     trainer = await trio.to_thread.run_sync(build_trainer, resolved, cfg)
-    from learner.distributed import wrap_for_ranks
-
-    trainer = wrap_for_ranks(trainer)  # several ranks: each step's batch goes to the others first
     console(f"learner: {trainer.describe()}")
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, resolved.hf_dir)
     task = run_task(cfg.task)
@@ -157,65 +109,39 @@ async def run_learner(
     if resume:
         state = await trio.to_thread.run_sync(load_state, run_dir, trainer)
         console(f"learner: resumed at step {state.step} (adapter v{state.version})")
-
     t = cfg.train
-    buffer = None
-    if cfg.sync.mode == "async":
-        buffer = ReplayBuffer(cfg.sync.max_staleness, cfg.sync.buffer_limit(t.prompts_per_step))
-    coord = Coordinator(
-        Limits(group_size=t.group_size, max_tokens=t.max_tokens, vocab_size=len(tokenizer),
-               **(episodes.limits() if episodes else {})),
-        lease_timeout_s=cfg.sync.lease_timeout_s,
-        groups_per_lease=cfg.sync.groups_per_lease,
-        buffer=buffer,
-    )
+    coord = build_coordinator(cfg, len(tokenizer), episodes,
+                              verify=make_verifier(task, tokenizer) if episodes is not None else None)
     coord.set_version(state.version)
     if resume:  # the problems that were in flight at the checkpoint go out again first
         coord.add_groups(reissue_specs(load_open_problems(run_dir), task, tokenizer, cfg.task.multi_turn))
-    if episodes is not None:
-        coord.verify = make_verifier(task, tokenizer)
-    service = LearnerService(
-        coordinator=coord,
-        sampling=SamplingDefaults(t.temperature, t.top_p, t.max_tokens, t.seed),
-        group_size=t.group_size,
-        run_id=run_identity(run_dir, resume, uuid.uuid4().hex[:8])[1],
-        model_name=cfg.model.name,
-        long_poll_s=cfg.sync.long_poll_s,
-        episode=episodes,
-    )
-    from learner.admission import build_admission  # who may join, per-peer caps (learner/admission.py)
-
-    service.admission = build_admission(cfg.network, run_dir / "identity")
-    service.pipeline_settings = pipeline_settings(cfg.pipeline)
+    verifier = None
     if cfg.verify.enabled:  # re-score sampled rollouts under their version (learner/verify.py)
-        from learner.verify import Verifier
-
-        service.verifier = Verifier(trainer, cfg.verify, t.temperature, t.top_p, state.version, seed=t.seed)
-        trainer.train_step = service.verifier.exclusive(trainer.train_step)
+        verifier = Verifier(trainer, cfg.verify, t.temperature, t.top_p, state.version, seed=t.seed)
+    run_id = run_identity(run_dir, resume, uuid.uuid4().hex[:8])[1]
     metrics = MetricsWriter(run_dir, resume=resume, resume_step=state.step)
     host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s)
-    service.run_name = name
     identity_dir = Path(data_dir) if data_dir is not None else run_dir / "identity"
     async with open_host(identity_dir, listen_addr=cfg.network.listen, config=host_cfg,
                          announce=cfg.network.announce) as host, open_discovery(host) as discovery:
-        service.register(host)
-        if on_service is not None:
-            on_service(service)
+        model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, cfg.model.name,
+                                              cache_root(cfg.model.cache_dir or None))
+        console(f"learner: base model {cfg.model.name} sha256 {model_serve.content_sha256[:12]}")
+        versions, nodes = AdapterVersions(), {}
         async with trio.open_nursery() as nursery:
+            dissem = await start_learner_dissem(nursery, host, cfg.dissem, run_id, versions,
+                                                admit=nodes.__contains__)
+            service = LearnerService(
+                coord, service_settings(cfg, run_id, name, model_serve.content_sha256),
+                versions=versions, nodes=nodes, admission=build_admission(cfg.network, run_dir / "identity"),
+                verifier=verifier, episode=episodes, dissem=dissem, model_serve=model_serve, console=console)
+            service.register(host)
+            if on_service is not None:
+                on_service(service)
             nursery.start_soon(service.expiry_loop)
             nursery.start_soon(service.verify_loop)  # re-scores held pushes after their ack
-            service.dissem = await start_learner_dissem(nursery, host, cfg.dissem, service)
-            from learner.model_serve import start_model_serve  # the base model, by content hash
-            from node_agents.model_cache import cache_root
-
-            model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, cfg.model.name,
-                                                  cache_root(cfg.model.cache_dir or None))
-            service.model_sha256, service.model_serve = model_serve.content_sha256, model_serve
-            console(f"learner: base model {cfg.model.name} sha256 {model_serve.content_sha256[:12]}")
-            from learner.web.server import start_learner_dashboard  # read-only web view (learner/web/)
-
             await start_learner_dashboard(nursery, cfg, service, metrics, state, run_dir, console)
-            service.publish(adapter_reply(trainer.export_adapter(state.version)))
+            service.publish(AdapterReply.from_adapter(trainer.export_adapter(state.version)))
             nursery.start_soon(join_swarm, host, discovery, cfg.network.bootstrap, console, identity_dir)
             nursery.start_soon(keep_peers, identity_dir, service)  # remembered for the next start
             await announce_run(host, discovery, name)
@@ -224,12 +150,13 @@ async def run_learner(
                     "(any member's address works)")
             task_status.started(list(host.addrs))
             t_start = time.perf_counter() - state.wall_s
-            ctx = StepContext(cfg, state, coord, service, trainer, task, tokenizer, console)
+            train = verifier.exclusive(trainer.train_step) if verifier is not None else trainer.train_step
+            ctx = StepContext(cfg, state, coord, service, trainer, task, tokenizer, console, train)
             step_fn = async_step if cfg.sync.mode == "async" else sequential_step
             while state.step < t.steps:
                 row = await step_fn(ctx)
-                if service.verifier is not None:
-                    row.update(service.verifier.take_metrics())
+                if verifier is not None:
+                    row.update(verifier.take_metrics())
                     row["time_verify_s"] = row.get("verify_s", 0.0)  # inside the wait (learner/step_timing.py)
                 state.wall_s = time.perf_counter() - t_start
                 row["wall_s"] = round(state.wall_s, 2)
@@ -245,8 +172,8 @@ async def run_learner(
             (run_dir / "ledger.json").write_text(json.dumps(coord.counts(), indent=1))
             (run_dir / "swarm.json").write_text(json.dumps(service.swarm_summary(), indent=1))
             (run_dir / "model_fetch.json").write_text(json.dumps(model_serve.summary(), indent=1))
-            if service.dissem is not None:  # reachability, relays and who sent each node its chunks
-                (run_dir / "dissem.json").write_text(json.dumps(service.dissem.summary(), indent=1))
+            # reachability, relays and who sent each node its chunks
+            (run_dir / "dissem.json").write_text(json.dumps(dissem.summary(), indent=1))
             console(f"learner: done; adapter in {run_dir / 'adapter'}, metrics in {run_dir / 'metrics.jsonl'}")
             await service.wait_nodes_told(active_within_s=cfg.sync.long_poll_s + 30.0, timeout_s=SHUTDOWN_GRACE_S)
             nursery.cancel_scope.cancel()

@@ -18,8 +18,9 @@ Stage nodes the plan leaves over are made *replicas*: they load a copy of one ho
 (the one the fewest copies cover that fits them) and are listed as that hop's spares, so a
 head can replay a lost stage's inputs into them.
 
-:func:`stage_work` is the service's long poll for a stage node (kept here, so the service
-stays small); :func:`on_stage_report` handles the head's failover report.
+:func:`stage_adapter` slices a published adapter for a stage's direct fetch and
+:func:`stage_report` handles a head's failover report; a stage node's long poll is
+:meth:`learner.work_desk.WorkDesk.stage_work`.
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-import trio
 
 from swarm.pipeline.allocate import (ModelSpec, NodeSpec, Plan, PlanConfig, RunSpec, Stage, end_costs,
                                      form_pipelines, layer_capacity, replan)
+from swarm.pipeline.layers import slice_for_range
+from swarm.proto.adapter import AdapterReply
 from swarm.proto.stage import RouteHop, StageAdapterRequest, StageAssignment, StageReport, StageReportAck
-from swarm.proto.work import WorkReply, WorkRequest
+from swarm.proto.work import WorkRequest
 
 log = logging.getLogger("echo_swarm.learner")
 
@@ -143,8 +145,9 @@ def assign_replicas(plan: Plan, caps: Mapping[str, int], e_first: int, e_last: i
 
 
 class PipelineManager:
-    def __init__(self, group_size: int, max_tokens: int, settings: PipelineSettings | None = None):
-        self.settings = settings or PipelineSettings()
+    def __init__(self, group_size: int, max_tokens: int, settings: PipelineSettings,
+                 on_plan: Callable[[], None] | None = None):
+        self.settings = settings
         self.run = RunSpec(group_size=group_size, max_tokens=max_tokens + self.settings.prompt_tokens,
                            in_flight=self.settings.in_flight)
         self.model: ModelSpec | None = None
@@ -158,7 +161,7 @@ class PipelineManager:
         #: Every plan made, for the run's report: (time, summary).
         self.history: list[dict[str, Any]] = []
         #: Called after every re-plan (the service: per-range manifests, wake the long polls).
-        self.on_plan: Any = None
+        self.on_plan = on_plan
 
     # -- membership --------------------------------------------------------------------------
     def has_stages(self) -> bool:
@@ -305,59 +308,41 @@ class PipelineManager:
         }
 
 
-# ---------------------------------------------------------------------------- service glue
+# ---------------------------------------------------------------------------- stage requests
 
 
-async def stage_work(svc: Any, msg: WorkRequest, peer_id: str) -> WorkReply:
-    """The long poll of a stage node (``svc``: the :class:`learner.service.LearnerService`):
-    an assignment when it should load other layers or another adapter version; a lease when
-    it heads a pipeline whose stages all hold the current version; else wait."""
-    mgr: PipelineManager = svc.pipelines
-    now = trio.current_time()
-    mgr.report(peer_id, msg, now)
-    coord = svc.coordinator
-    busy = {le.peer_id for le in coord.leases.values()} | {peer_id}
-    busy |= {le.peer_id for le in coord.expired.values() if now - le.deadline < mgr.settings.stale_s}
-    mgr.sweep(now, busy=busy)
-    svc.notify()  # a head waiting on this stage's version re-checks its gate
-
-    def attempt() -> WorkReply | None:
-        version = svc.coordinator.version
-        update = mgr.update_for(peer_id, version)
-        if update is not None:
-            return WorkReply(retry_after_s=0.0, reason="stage_assignment", stage=update)
-        if svc.episode is not None or not mgr.may_lease(peer_id, version):  # heads run single-turn groups
-            return None
-        if peer_id not in svc._waiting:
-            svc._waiting.add(peer_id)
-            svc.notify()
-        return svc.lease_reply(peer_id, msg.max_groups, limit=mgr.settings.in_flight,
-                               stage=lambda record: mgr.assignment(peer_id, record.version))
-
-    return await svc.long_poll(peer_id, attempt)
-
-
-def stage_adapter(svc: Any, msg: StageAdapterRequest) -> Any:
-    """The adapter's tensors of layers ``[layer_start, layer_end)`` (direct fetch by a stage)."""
-    from swarm.pipeline.layers import slice_for_range
-
+def stage_adapter(reply: AdapterReply, msg: StageAdapterRequest) -> AdapterReply:
+    """The tensors of published ``reply`` for layers ``[layer_start, layer_end)`` (a stage's
+    direct fetch); ``ValueError`` for an empty range. ``reply`` itself is not changed."""
     if msg.layer_end <= msg.layer_start:
         raise ValueError(f"empty layer range [{msg.layer_start}, {msg.layer_end})")
-    reply = svc.published(msg.version)
     return dataclasses.replace(reply, tensors=slice_for_range(reply.tensors, msg.layer_start, msg.layer_end))
 
 
-def on_stage_report(svc: Any, msg: StageReport, peer_id: str) -> StageReportAck:
+def stage_report(pipelines: PipelineManager, coord: Any, msg: StageReport, peer_id: str,
+                 now: float) -> StageReportAck:
     """A head's failover report: replayed groups are noted in the ledger; failed ones go back
     to pending at once; lost stage peers leave the plan (re-planned without them)."""
-    coord = svc.coordinator
     coord.record_replayed(peer_id, msg.lease_id, msg.replayed)
     requeued = coord.release_groups(peer_id, msg.lease_id, msg.failed, "stage_lost: re-leased")
-    now = trio.current_time()
     for lost in msg.lost_peers:
-        if lost != peer_id and svc.pipelines.is_stage(lost):
-            svc.pipelines.leave(lost, now, "lost")
+        if lost != peer_id and pipelines.is_stage(lost):
+            pipelines.leave(lost, now, "lost")
     log.warning("pipeline head %s: %d group(s) replayed, %d re-leased (%s); lost %s", peer_id[-6:],
                 len(msg.replayed), len(requeued), msg.reason[:200], [p[-6:] for p in msg.lost_peers])
-    svc.notify()
     return StageReportAck(requeued=requeued)
+
+
+def describe_pipelines(summary: dict, backends: dict[str, str]) -> str:
+    """One line per plan: ``p0 = [0,10) ab12cd > [10,20) ... ; p1 = llamacpp ef34gh (whole)``."""
+    parts = []
+    for p in summary.get("pipelines", []):
+        if len(p["stages"]) == 1:
+            peer = p["stages"][0][0]
+            parts.append(f"{p['id']} = {backends.get(peer, '?')} {peer[-6:]} (whole model)")
+        else:
+            hops = " > ".join(f"[{s},{e}) {peer[-6:]}" for peer, s, e in p["stages"])
+            parts.append(f"{p['id']} = {hops} (~{p['tokens_per_s']:.0f} tok/s)")
+    if summary.get("spare"):
+        parts.append("spare " + ", ".join(p[-6:] for p in summary["spare"]))
+    return "; ".join(parts) or "none yet"

@@ -18,17 +18,42 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import trio
 
-from learner.coordinator import COMPLETED, CompletedGroup, GroupSpec
+from learner.behaviour_check import behaviour_diffs
+from learner.checkpoint import LoopState
+from learner.config import LearnerConfig
+from learner.coordinator import COMPLETED, CompletedGroup, Coordinator, GroupSpec
 from learner.episodes import initial_prompt
-from learner.publish import adapter_reply
+from learner.scoring import score_groups
+from learner.service import LearnerService
 from learner.step_timing import DissemWatch, StepClock, gen_seconds
+from swarm.proto.adapter import AdapterReply
 
 #: Print a "waiting for rollouts" line when a batch has made no progress for this long.
 WAIT_REPORT_S = 30.0
+
+
+@dataclass
+class StepContext:
+    """Everything a step function works with (built once by :func:`learner.loop.run_learner`)."""
+
+    cfg: LearnerConfig
+    state: LoopState
+    coord: Coordinator
+    service: LearnerService
+    trainer: Any
+    task: Any
+    tokenizer: Any
+    console: Callable[[str], None]
+    #: One GRPO update on a batch of samples: the trainer's ``train_step``, serialised with
+    #: verification (:meth:`learner.verify.Verifier.exclusive`) when verification is on.
+    train: Callable[[list], dict]
+    #: Times the last published version's dissemination (``learner.step_timing``); None = not timed.
+    dissem_watch: DissemWatch | None = None
 
 
 def add_problems(ctx, n: int) -> list[str]:
@@ -107,25 +132,21 @@ def _export_reply(trainer, version: int):
     t = time.perf_counter()
     adapter = trainer.export_adapter(version)
     export_s = time.perf_counter() - t
-    return adapter_reply(adapter), export_s
+    return AdapterReply.from_adapter(adapter), export_s
 
 
 async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle: float,
                              gen0: dict[str, float] | None = None) -> dict[str, Any]:
-    from learner.loop import score_groups
-
     state = ctx.state
     clock, watch = StepClock(t0, idle), getattr(ctx, "dissem_watch", None)  # watch: the version these rollouts waited for
     with clock.part("reward"):
         samples, rewards = score_groups(groups, ctx.task, ctx.tokenizer)
     check: dict[str, float] = {}
     if ctx.cfg.train.behaviour_check:  # learner/behaviour_check.py
-        from learner.behaviour_check import behaviour_diffs
-
         with clock.part("check"):
             check = await trio.to_thread.run_sync(behaviour_diffs, ctx.trainer, groups, ctx.service.node_backends())
     t1 = time.perf_counter()
-    stats = await trio.to_thread.run_sync(ctx.trainer.train_step, samples)
+    stats = await trio.to_thread.run_sync(ctx.train, samples)
     train_s = time.perf_counter() - t1
     clock.add_train(train_s, stats)
     trained_on = state.version

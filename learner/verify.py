@@ -266,16 +266,3 @@ class Verifier:
         self.spent_s, self.checked, self.skipped, self.failed = 0.0, 0, 0, 0
         self._step_max_diff = self._step_max_z = None
         return out
-
-
-def untrust(service, peer_id: str, reason: str) -> None:
-    """Mark ``peer_id`` untrusted for the run: refused at join, leases revoked, its untrained
-    groups (completed or held for verification) dropped (``unverified``) and pending again for
-    other nodes."""
-    if service.admission is not None:
-        service.admission.mark_untrusted(peer_id, reason)
-    back = service.coordinator.revoke_peer(peer_id, "unverified")
-    service.nodes.pop(peer_id, None)
-    log.warning("node %s is untrusted for the rest of the run (%s); %d group(s) re-issued",
-                peer_id[-6:], reason, len(back))
-    service.notify()

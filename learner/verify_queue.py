@@ -24,7 +24,7 @@ groups in flight (a step's groups in sequential mode, ``sync.max_inflight_groups
 mode). Entries whose groups were all revoked or dropped meanwhile are passed over at once,
 without scoring.
 
-Cancellable: the worker stops when the run is done (:meth:`CheckQueue.close`, called by
+Cancellable: the worker stops when the run is done (:meth:`VerifyQueue.close`, called by
 ``LearnerService.finish``) or its nursery is cancelled; a check in progress is abandoned (its
 worker thread finishes scoring that one group on its own), so the end of a run never waits for
 verification. Groups still held then are untrained: they stay ``held`` in the ledger and are
@@ -36,9 +36,13 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import trio
+
+from learner.changes import Changes
+from learner.coordinator import Coordinator
+from learner.verify import Verifier
 
 log = logging.getLogger("echo_swarm.learner")
 
@@ -63,10 +67,24 @@ def picked_groups(accepted: list[str], pick) -> list[str]:
     return [gid for gid in accepted if pick()]
 
 
-class CheckQueue:
-    """Held pushes in arrival order; drained by :func:`run_checks`."""
+class VerifyQueue:
+    """Held pushes in arrival order and the one worker that checks them (:meth:`run`).
 
-    def __init__(self) -> None:
+    Narrow interfaces only: the verifier scores, the coordinator holds and releases groups, and
+    three callbacks of the service report back (``backend_of`` a peer, ``untrust`` a peer that
+    failed, ``credit`` a peer's released completions); ``changes`` wakes a step that waits for
+    its batch.
+    """
+
+    def __init__(self, verifier: Verifier, coordinator: Coordinator, changes: Changes, *,
+                 backend_of: Callable[[str], str], untrust: Callable[[str, str], None],
+                 credit: Callable[[str, int], None]) -> None:
+        self.verifier = verifier
+        self.coordinator = coordinator
+        self.changes = changes
+        self.backend_of = backend_of
+        self.untrust = untrust
+        self.credit = credit
         self._items: deque[PendingCheck] = deque()
         self._added = trio.Event()
         self.closed = False
@@ -77,14 +95,14 @@ class CheckQueue:
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, item: PendingCheck) -> None:
+    def _put(self, item: PendingCheck) -> None:
         if self.closed:
             return
         self._items.append(item)
         self.last[item.peer_id] = item
         self._added.set()
 
-    async def get(self) -> PendingCheck:
+    async def _get(self) -> PendingCheck:
         while not self._items:
             self._added = trio.Event()
             await self._added.wait()
@@ -98,74 +116,66 @@ class CheckQueue:
         if self._scope is not None:
             self._scope.cancel()
 
-
-def hold_for_check(service, peer_id: str, accepted: list[str], results: dict[str, Any]) -> str | None:
-    """Right after ``coordinator.submit`` accepted ``accepted`` from ``peer_id``: pick the groups
-    to verify; if any, hold all of ``accepted`` and queue the check; if none, but the peer has a
-    check outstanding, add them to its hold. Returns the hold id, or ``None`` when the groups
-    are trainable at once."""
-    v, coord, queue = service.verifier, service.coordinator, service.checks
-    if v is None or not accepted:
-        return None
-    picked = picked_groups(accepted, lambda: v.pick(peer_id))
-    sizes = {gid: len(results[gid].completions) for gid in accepted}
-    if not picked:
-        earlier = queue.last.get(peer_id)
-        if earlier is None or not coord.holding(earlier.hold_id):
+    def hold(self, peer_id: str, accepted: list[str], results: dict[str, Any]) -> str | None:
+        """Right after ``coordinator.submit`` accepted ``accepted`` from ``peer_id``: pick the
+        groups to verify; if any, hold all of ``accepted`` and queue the check; if none, but the
+        peer has a check outstanding, add them to its hold. Returns the hold id, or ``None``
+        when the groups are trainable at once."""
+        coord = self.coordinator
+        if not accepted:
             return None
-        hold_id = coord.hold(accepted, into=earlier.hold_id)
-        if hold_id is not None:
-            earlier.completions.update(sizes)
+        picked = picked_groups(accepted, lambda: self.verifier.pick(peer_id))
+        sizes = {gid: len(results[gid].completions) for gid in accepted}
+        if not picked:
+            earlier = self.last.get(peer_id)
+            if earlier is None or not coord.holding(earlier.hold_id):
+                return None
+            hold_id = coord.hold(accepted, into=earlier.hold_id)
+            if hold_id is not None:
+                earlier.completions.update(sizes)
+            return hold_id
+        hold_id = coord.hold(accepted)
+        if hold_id is None:
+            return None
+        self._put(PendingCheck(hold_id, peer_id, self.backend_of(peer_id),
+                               picked=[(gid, coord.specs[gid].prompt_ids, results[gid]) for gid in picked],
+                               completions=sizes))
         return hold_id
-    hold_id = coord.hold(accepted)
-    if hold_id is None:
-        return None
-    node = service.nodes.get(peer_id)
-    backend = node.hello.backend if node is not None else ""
-    queue.put(PendingCheck(hold_id, peer_id, backend,
-                           picked=[(gid, coord.specs[gid].prompt_ids, results[gid]) for gid in picked],
-                           completions=sizes))
-    return hold_id
 
+    async def run(self) -> None:
+        """The worker: check each held push in turn until :meth:`close` or cancellation."""
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            if self.closed:
+                return
+            while True:
+                item = await self._get()
+                try:
+                    await self.check(item)
+                finally:
+                    if self.last.get(item.peer_id) is item:
+                        del self.last[item.peer_id]
 
-async def run_checks(service) -> None:
-    """The worker: check each held push in turn until :meth:`CheckQueue.close` or cancellation."""
-    queue: CheckQueue = service.checks
-    with trio.CancelScope() as scope:
-        queue._scope = scope
-        if queue.closed:
-            return
-        while True:
-            item = await queue.get()
+    async def check(self, item: PendingCheck) -> None:
+        """Re-score ``item``'s picked groups one by one (in a worker thread); release, untrust or
+        discard its hold (see the module docstring)."""
+        coord, v = self.coordinator, self.verifier
+        for gid, prompt_ids, result in item.picked:
+            if not coord.holding(item.hold_id):
+                return  # revoked or dropped meanwhile: nothing of this push is left to train
             try:
-                await check_push(service, item)
-            finally:
-                if queue.last.get(item.peer_id) is item:
-                    del queue.last[item.peer_id]
-
-
-async def check_push(service, item: PendingCheck) -> None:
-    """Re-score ``item``'s picked groups one by one (in a worker thread); release, untrust or
-    discard its hold (see the module docstring)."""
-    from learner.verify import untrust
-
-    coord, v = service.coordinator, service.verifier
-    for gid, prompt_ids, result in item.picked:
-        if not coord.holding(item.hold_id):
-            return  # revoked or dropped meanwhile: nothing of this push is left to train
-        try:
-            reason = await trio.to_thread.run_sync(v.check_group, item.peer_id, item.backend, prompt_ids, result,
-                                                   abandon_on_cancel=True)
-        except Exception:
-            back = coord.discard_hold(item.hold_id, "verify_error")
-            log.exception("could not verify group %s of %s; %d held group(s) re-issued",
-                          gid, item.peer_id[-6:], len(back))
-            service.notify()
-            return
-        if reason is not None:
-            untrust(service, item.peer_id, f"unverified: group {gid}: {reason}")
-            return
-    released = coord.release(item.hold_id)
-    if released:
-        service.credit(item.peer_id, sum(item.completions.get(g, 0) for g in released))
-        service.notify()
+                reason = await trio.to_thread.run_sync(v.check_group, item.peer_id, item.backend, prompt_ids, result,
+                                                       abandon_on_cancel=True)
+            except Exception:
+                back = coord.discard_hold(item.hold_id, "verify_error")
+                log.exception("could not verify group %s of %s; %d held group(s) re-issued",
+                              gid, item.peer_id[-6:], len(back))
+                self.changes.notify()
+                return
+            if reason is not None:
+                self.untrust(item.peer_id, f"unverified: group {gid}: {reason}")
+                return
+        released = coord.release(item.hold_id)
+        if released:
+            self.credit(item.peer_id, sum(item.completions.get(g, 0) for g in released))
+            self.changes.notify()

@@ -13,12 +13,13 @@ import time
 import trio
 
 from node_agents.adapter_sync import AdapterSync
-from node_agents.backends.base import Backend, LoraAdapter, SamplingParams
+from node_agents.backends.base import Backend, SamplingParams
 from node_agents.config import NodeConfig
+from node_agents.discovery import NodeDiscovery
 from node_agents.episodes import EpisodeError, EpisodeRunner
 from swarm.errors import SwarmError
 from swarm.proto import ADAPTER, HELLO, ROLLOUTS, WORK
-from swarm.proto.adapter import AdapterReply, AdapterRequest, decode_tensors
+from swarm.proto.adapter import AdapterReply, AdapterRequest
 from swarm.proto.hello import Hello, HelloAck
 from swarm.proto.rollouts import Completion, GroupResult, RolloutAck, RolloutPush
 from swarm.proto.work import Lease, WorkReply, WorkRequest, group_seed
@@ -58,7 +59,11 @@ class ModelRefused(Exception):
 
 
 class NodeAgent:
-    def __init__(self, cfg: NodeConfig, backend: Backend, name: str = "node"):
+    """One device serving the learner: join, lease loop, adapter installs, pushes.
+
+    ``net``: DHT membership and learner lookup; None dials ``cfg.learner`` directly."""
+
+    def __init__(self, cfg: NodeConfig, backend: Backend, name: str = "node", net: NodeDiscovery | None = None):
         self.cfg = cfg
         self.backend = backend
         self.name = name
@@ -71,9 +76,8 @@ class NodeAgent:
         self.leases_done = 0
         #: Multi-turn leases: tokenizer and task, built at the first such lease.
         self.episodes = EpisodeRunner(cfg.model)
-        #: DHT membership and learner lookup (``node_agents.discovery.NodeDiscovery``); None: dial
-        #: ``cfg.learner`` directly.
-        self.net = None
+        #: DHT membership and learner lookup; None: dial ``cfg.learner`` directly.
+        self.net = net
         #: How the installed adapter arrived, for the per-lease status line (e.g. ``pushed 0.4s``).
         self.adapter_note = ""
         #: Name of the base model, told to the learner (it appears in a refusal message).
@@ -192,10 +196,7 @@ class NodeAgent:
         )
         if reply.version != version:
             raise LearnerGone(f"asked for adapter v{version}, got v{reply.version}")
-        adapter = LoraAdapter(
-            version=reply.version, rank=reply.rank, alpha=reply.alpha,
-            target_modules=list(reply.target_modules), tensors=decode_tensors(reply.tensors),
-        )
+        adapter = reply.to_adapter()
         if self.sync is not None:
             self.sync.remember(version, adapter.tensors)
         await trio.to_thread.run_sync(self.backend.set_adapter, adapter)

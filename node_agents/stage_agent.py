@@ -31,12 +31,13 @@ from pathlib import Path
 import trio
 
 from node_agents.adapter_sync import AdapterSync
+from node_agents.discovery import NodeDiscovery
 from node_agents.agent import LONG_POLL_GRACE_S, LearnerGone, NodeAgent
-from node_agents.backends.base import Capabilities, LoraAdapter, SamplingParams
+from node_agents.backends.base import Capabilities, SamplingParams
 from swarm.errors import SwarmError
 from swarm.pipeline.allocate import ModelSpec, model_spec_from_hf_config
 from swarm.proto import WORK
-from swarm.proto.adapter import AdapterReply, decode_tensors
+from swarm.proto.adapter import AdapterReply
 from swarm.proto.rollouts import Completion, GroupResult
 from swarm.proto.stage import (STAGE_ADAPTER, STAGE_REPORT, StageAdapterRequest, StageAssignment, StageReport,
                                StageReportAck)
@@ -112,8 +113,9 @@ class _NoLayers:
 
 
 class StageAgent(NodeAgent):
-    def __init__(self, cfg, model_dir: Path, spec: ModelSpec, caps: Capabilities, name: str = "stage"):
-        super().__init__(cfg, _StageCaps(caps), name)
+    def __init__(self, cfg, model_dir: Path, spec: ModelSpec, caps: Capabilities, name: str = "stage",
+                 net: NodeDiscovery | None = None):
+        super().__init__(cfg, _StageCaps(caps), name, net)
         self.model_dir = Path(model_dir)
         self.spec = spec
         self.stage = None  # the executor of the assigned range
@@ -217,8 +219,7 @@ class StageAgent(NodeAgent):
                                        AdapterReply, timeout=self.cfg.request_timeout_s)
             if reply.version != version:
                 raise LearnerGone(f"asked for adapter v{version}, got v{reply.version}")
-            adapter = LoraAdapter(version=reply.version, rank=reply.rank, alpha=reply.alpha,
-                                  target_modules=list(reply.target_modules), tensors=decode_tensors(reply.tensors))
+            adapter = reply.to_adapter()
         await self._drain()
         await trio.to_thread.run_sync(st.set_adapter, adapter)
         self.adapter_key = (self.run_id, version)

@@ -39,13 +39,13 @@ def test_qwen3_hf_directory_on_every_backend(tmp_path: Path):
         'network.listen="/ip4/127.0.0.1/tcp/0"', f'model.name="{model}"',
         "train.steps=2", "train.prompts_per_step=3", "train.group_size=2", "train.max_tokens=12",
         "train.micro_batch=6", "train.checkpoint_every=0", "train.behaviour_check=true", "sync.long_poll_s=5.0",
+        f"sync.min_waiting_nodes={len(BACKENDS)}",
     ])
     procs: list[subprocess.Popen] = []
     seen: dict = {}
 
     def on_service(svc) -> None:
         seen["svc"] = svc
-        svc.min_waiting = len(BACKENDS)
 
     async def main():
         async with trio.open_nursery() as nursery:

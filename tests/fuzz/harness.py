@@ -2,8 +2,8 @@
 so that hypothesis (synchronous) can drive inputs through real libp2p streams.
 
 The learner host serves the learner's protocols (``LearnerService``: hello, work, rollouts,
-adapter; ``LearnerDissem``: dissem-join, -manifest, -have, -push, -chunks); the node host serves a
-node's dissemination protocols (``AdapterSync``: dissem-push, -chunks). An honest client keeps
+adapter; ``LearnerDissem``: dissem-join, -manifest, -have, -push; chunks); the node host serves a
+node's dissemination protocols (``AdapterSync``: dissem-push; chunks). An honest client keeps
 leasing and pushing valid rollouts all along (``honest_accepted`` counts its accepted groups).
 """
 
@@ -18,7 +18,7 @@ import trio
 from learner.config import DissemConfig
 from learner.coordinator import Coordinator, GroupSpec, Limits
 from learner.dissem import LearnerDissem
-from learner.service import LearnerService, SamplingDefaults
+from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from swarm.errors import SwarmError
 from swarm.host import HostConfig, open_host
 from swarm.proto import ROLLOUTS, WORK
@@ -86,12 +86,12 @@ class Harness:
             coord = Coordinator(Limits(group_size=GROUP, max_tokens=TOKENS, vocab_size=VOCAB),
                                 lease_timeout_s=30.0, groups_per_lease=1)
             coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(100_000)])
-            svc = LearnerService(coord, SamplingDefaults(1.0, 1.0, TOKENS, 0), group_size=GROUP, run_id="fuzz",
-                                 model_name="m", long_poll_s=1.0)
+            svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, TOKENS, 0), group_size=GROUP,
+                                                        run_id="fuzz", model_name="m", long_poll_s=1.0))
             svc.register(lh)
-            dissem = LearnerDissem(lh, DissemConfig(mode="tree", stall_timeout_s=1.0), "fuzz")
+            dissem = LearnerDissem(lh, DissemConfig(mode="tree", stall_timeout_s=1.0), "fuzz",
+                                   admit=lambda peer: peer in svc.nodes)
             dissem.register()
-            dissem.admit = lambda peer: peer in svc.nodes
             from node_agents.adapter_sync import AdapterSync
 
             self.learner, self.node, self.fuzzer, self.service = lh, nh, fh, svc

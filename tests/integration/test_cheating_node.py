@@ -37,13 +37,11 @@ def spawn(addr: str, tmp: Path, name: str, mode: str | None = None) -> subproces
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[tuple[str, str | None]], seconds: float,
-        min_waiting: int = 0) -> dict:
+def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[tuple[str, str | None]], seconds: float) -> dict:
     procs: list[subprocess.Popen] = []
     seen: dict = {}
 
     def on_service(svc):
-        svc.min_waiting = min_waiting  # hold the first leases until this many nodes wait
         seen["svc"] = svc
 
     async def main():
@@ -132,8 +130,9 @@ def test_cheaters_are_caught_at_their_first_group_and_nothing_of_theirs_is_train
     thresholds: each cheater is untrusted at its first verified group (a new node's first groups
     are always verified), refused from then on, and every trained group came from the honest node."""
     cheats = ["made_up", "doctored", "other_adapter", "other_model"]
-    cfg = config("train.group_size=4", "train.max_tokens=32", "train.prompts_per_step=5")
-    seen = run(tmp_path, cfg, [(m, m) for m in cheats] + [("honest", None)], seconds=900, min_waiting=5)
+    # sync.min_waiting_nodes: hold the first leases until all five nodes wait
+    cfg = config("train.group_size=4", "train.max_tokens=32", "train.prompts_per_step=5", "sync.min_waiting_nodes=5")
+    seen = run(tmp_path, cfg, [(m, m) for m in cheats] + [("honest", None)], seconds=900)
     svc = seen["svc"]
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]

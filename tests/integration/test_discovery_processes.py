@@ -39,6 +39,7 @@ def config(port: int) -> LearnerConfig:
         "train.steps=1", "train.prompts_per_step=2", "train.group_size=2", "train.max_tokens=8",
         "train.micro_batch=4", "train.checkpoint_every=0", "sync.long_poll_s=1.0", 'dissem.mode="direct"',
         "dashboard.enabled=false",
+        "sync.min_waiting_nodes=2",  # no lease before both nodes wait: node 2 must join first
     ])
 
 
@@ -90,7 +91,6 @@ def test_bootstrap_through_a_node_wrong_run_and_learner_restart(tmp_path):
         services: list = []
 
         def on_service(service) -> None:
-            service.min_waiting = 2  # no lease before both nodes wait: node 2 must join first
             services.append(service)
 
         async with trio.open_nursery() as nursery:

@@ -12,15 +12,16 @@ import subprocess
 import pytest
 import trio
 
+from bench.relay_node import lora_tensors
+from common.lora import LoraAdapter
+from learner.adapter_versions import AdapterVersions
 from learner.config import DissemConfig
 from learner.coordinator import Coordinator, GroupSpec, Limits
 from learner.demo import node_command, stop_processes
 from learner.dissem import start_learner_dissem
-from learner.publish import adapter_reply
-from learner.service import LearnerService, SamplingDefaults
-from node_agents.backends.base import LoraAdapter
-from swarm.dissem.relay_node import lora_tensors
+from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from swarm.host import open_host
+from swarm.proto.adapter import AdapterReply
 
 pytestmark = pytest.mark.integration
 N_NODES = 3
@@ -35,14 +36,17 @@ def test_tree_of_swarm_nodes_delivers_version_to_all(tmp_path):
     async def main():
         coord = Coordinator(Limits(group_size=2, max_tokens=4, vocab_size=49152), lease_timeout_s=60,
                             groups_per_lease=1)
-        service = LearnerService(coord, SamplingDefaults(1.0, 1.0, 4, 0), group_size=2, run_id="dissem-it",
-                                 model_name="default", long_poll_s=1.0)
         cfg = DissemConfig(mode="tree", fan_out=2, stripes=1, chunk_bytes=128 * 1024, codec="int8")
+        versions, nodes = AdapterVersions(), {}
         async with open_host(tmp_path / "learner") as host:
-            service.register(host)
             async with trio.open_nursery() as nursery:
-                service.dissem = dissem = await start_learner_dissem(nursery, host, cfg, service)
-                service.publish(adapter_reply(LoraAdapter(0, 8, 16.0, TARGETS, {})))
+                dissem = await start_learner_dissem(nursery, host, cfg, "dissem-it", versions, admit=nodes.__contains__)
+                service = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 4, 0), group_size=2,
+                                                                run_id="dissem-it", model_name="default",
+                                                                long_poll_s=1.0),
+                                         versions=versions, nodes=nodes, dissem=dissem)
+                service.register(host)
+                service.publish(AdapterReply.from_adapter(LoraAdapter(0, 8, 16.0, TARGETS, {})))
                 for i in range(N_NODES):
                     log = open(tmp_path / f"node-{i}.log", "w")
                     logs.append(log)
@@ -50,7 +54,7 @@ def test_tree_of_swarm_nodes_delivers_version_to_all(tmp_path):
                                        "llamacpp") + ["--no-probe", "-v"]
                     procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
                 assert await dissem.wait_members(N_NODES, 60), "nodes did not register"
-                service.publish(adapter_reply(LoraAdapter(1, 8, 16.0, TARGETS, lora_tensors(8, b_std=1e-3))))
+                service.publish(AdapterReply.from_adapter(LoraAdapter(1, 8, 16.0, TARGETS, lora_tensors(8, b_std=1e-3))))
                 peers = sorted(dissem.members)
                 out["delivered"] = await dissem.wait_have(1, peers, 30)
                 out["plan_depth"] = dissem.plan(list(dissem.members.values())).depth()

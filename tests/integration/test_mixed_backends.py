@@ -29,13 +29,13 @@ def test_one_node_per_backend_all_used_in_training(tmp_path: Path):
         'network.listen="/ip4/127.0.0.1/tcp/0"',  # not the launch default 0.0.0.0:4001
         "train.steps=2", "train.prompts_per_step=3", "train.group_size=2", "train.max_tokens=8",
         "train.micro_batch=6", "train.checkpoint_every=0", "sync.long_poll_s=5.0",
+        f"sync.min_waiting_nodes={len(BACKENDS)}",  # first step: one group for each node
     ])
     procs: list[subprocess.Popen] = []
     seen: dict = {}
 
     def on_service(svc) -> None:
         seen["svc"] = svc
-        svc.min_waiting = len(BACKENDS)  # first step: one group for each node
 
     async def main():
         async with trio.open_nursery() as nursery:

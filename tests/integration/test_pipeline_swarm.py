@@ -48,24 +48,23 @@ def stage_command(addr: str, data_dir: Path, name: str) -> list[str]:
 @pytest.mark.parametrize("replica", [False, True], ids=["no-spare", "replica"])
 def test_pipeline_and_llamacpp_train_together_and_a_lost_stage_is_recovered(tmp_path: Path, replica: bool):
     pytest.importorskip("peft")
-    from swarm.pipeline.allocate import PlanConfig
-
     cfg = load_config(LearnerConfig, None, [
         'network.listen="/ip4/127.0.0.1/tcp/0"',
         f"train.steps={STEPS}", f"train.prompts_per_step={PROMPTS}", f"train.group_size={GROUP}",
         "train.max_tokens=8", f"train.micro_batch={PROMPTS * GROUP}", "train.checkpoint_every=0",
         "sync.long_poll_s=5.0",
+        # the pipeline's head and the llama.cpp node share every step; after the loss only one
+        # of them is left, so a re-closed gate waits at most 20 s
+        "sync.min_waiting_nodes=2", "sync.regate_each_version=true", "sync.gate_timeout_s=20.0",
+        # replica: no global re-plan, so a late node stays out of the pipeline and copies a hop
+        *(["pipeline.cooldown_s=1e9"] if replica else []),
     ])
     procs: dict[str, subprocess.Popen] = {}
     seen: dict = {"killed": None}
 
     def on_service(svc) -> None:
         seen["svc"] = svc
-        svc.min_waiting = 2  # the pipeline's head and the llama.cpp node
-        svc.regate_each_version = True
-        svc.gate_timeout_s = 20.0  # after the loss only one of them is left
-        if replica:  # no global re-plan: a late node stays out of the pipeline and copies a hop
-            svc.pipelines.settings.plan = PlanConfig(cooldown_s=1e9)
+        assert svc.pipelines.settings.plan.cooldown_s == (1e9 if replica else 60.0)
 
     def peer_of(name: str) -> str | None:
         m = re.search(r"swarm-node: listening on (\S+)", (tmp_path / f"{name}.log").read_text())

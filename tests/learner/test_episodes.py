@@ -9,9 +9,9 @@ import pytest
 
 from learner.config import LearnerConfig
 from learner.coordinator import COMPLETED, Coordinator, GroupSpec, Limits, validate_group
-from learner.episodes import (ENV_TURN_TOKENS, episode_settings, initial_prompt, make_verifier, run_task,
-                              score_episode_group)
-from learner.service import LearnerService, SamplingDefaults
+from learner.episodes import ENV_TURN_TOKENS, episode_settings, initial_prompt, make_verifier, run_task
+from learner.scoring import score_episode_group
+from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from node_agents.backends.base import SamplingParams
 from node_agents.episodes import run_group_episodes
 from swarm.config import ConfigError, load_config
@@ -159,8 +159,9 @@ def test_rewards_are_recomputed_by_replay_and_env_tokens_are_masked(setup, chatm
 
 def test_lease_carries_the_episode_and_the_problem_reference(setup):
     cfg, _, settings, coord, _, _ = setup
-    svc = LearnerService(coord, SamplingDefaults(1.0, 1.0, 16, 0), G, "run", "default", 1.0, episode=settings)
-    lease = WorkReply.from_wire(WorkReply(lease=svc._lease_message(lease_of(coord))).to_wire()).lease
+    svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 16, 0), G, "run", "default", 1.0),
+                         episode=settings)
+    lease = WorkReply.from_wire(WorkReply(lease=svc.desk.lease_message(lease_of(coord))).to_wire()).lease
     assert lease.episode == "sokoban" and lease.max_turns == 2 and lease.task_options == {"max_turns": 2}
     assert lease.max_episode_tokens == 2 * (16 + ENV_TURN_TOKENS) and lease.task_seed == cfg.task.seed
     assert (lease.groups[0].problem_split, lease.groups[0].problem_index) == ("train", 0)

@@ -189,11 +189,11 @@ def test_record_replayed():
 
 
 def _service():
-    from learner.service import LearnerService, SamplingDefaults
+    from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 
     c = make_coord(2)
-    return LearnerService(c, SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r", model_name="m",
-                          long_poll_s=0.5)
+    return LearnerService(c, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",
+                                             model_name="m", long_poll_s=0.5))
 
 
 def test_service_stage_poll_assigns_then_leases_only_to_a_ready_head():
@@ -228,19 +228,21 @@ def test_service_stage_poll_assigns_then_leases_only_to_a_ready_head():
         assert svc.swarm_summary()["failovers"] == {"stage_lost: re-leased": 1}
         assert not svc.pipelines.may_lease(head, 0)
         # the stage adapter path slices by layer range
-        from learner.pipelines import stage_adapter
+        from learner.service import Refused
         from swarm.proto.adapter import AdapterReply, TensorBlob
         from swarm.proto.stage import StageAdapterRequest
 
         blob = TensorBlob("float32", [1], b"\0\0\0\0")
-        svc.adapters[0] = AdapterReply(0, 8, 16.0, ["q_proj"], {
+        svc.versions.add(AdapterReply(0, 8, 16.0, ["q_proj"], {
             "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight": blob,
-            "base_model.model.model.layers.12.self_attn.q_proj.lora_A.weight": blob})
-        sliced = stage_adapter(svc, StageAdapterRequest(0, 0, 10))
+            "base_model.model.model.layers.12.self_attn.q_proj.lora_A.weight": blob}))
+        sliced = await svc.on_stage_adapter(StageAdapterRequest(0, 0, 10), head)
         assert list(sliced.tensors) == ["base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"]
-        assert len(svc.adapters[0].tensors) == 2  # the published version is untouched
-        with pytest.raises(ValueError):
-            stage_adapter(svc, StageAdapterRequest(5, 0, 10))
+        assert len(svc.versions.get(0).tensors) == 2  # the published version is untouched
+        with pytest.raises(Refused):
+            await svc.on_stage_adapter(StageAdapterRequest(5, 0, 10), head)  # not published
+        with pytest.raises(Refused):
+            await svc.on_stage_adapter(StageAdapterRequest(0, 4, 4), head)  # an empty range
 
     trio.run(main)
 

@@ -16,7 +16,7 @@ class FakeTrainer:
 
 
 def State(step):
-    from learner.loop import LoopState
+    from learner.checkpoint import LoopState
 
     return LoopState(step=step, version=step)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import trio
 
 from learner.coordinator import Coordinator, GroupSpec, Limits
-from learner.service import LearnerService, SamplingDefaults
+from learner.lease_gate import GateSettings
+from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from swarm.proto.hello import Hello
 from swarm.proto.work import WorkRequest
 
@@ -13,10 +14,9 @@ from swarm.proto.work import WorkRequest
 def _service(min_waiting: int) -> LearnerService:
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(3)])
-    svc = LearnerService(coord, SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r", model_name="m",
-                         long_poll_s=30.0)
-    svc.min_waiting = min_waiting
-    return svc
+    return LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",
+                                                 model_name="m", long_poll_s=30.0,
+                                                 gate=GateSettings(min_waiting=min_waiting)))
 
 
 def test_gate_holds_leases_until_enough_nodes_wait_then_shares_them():

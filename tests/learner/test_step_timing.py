@@ -105,14 +105,16 @@ def _groups(version=0) -> list[CompletedGroup]:
 
 def test_a_learner_step_row_has_the_breakdown(tiny_model):
     from learner.steps import _train_and_publish
-    from learner.trainer import ComputeConfig, LoraConfig, LossConfig, OptimConfig, Trainer
+    from learner.config import LoraSettings, TrainConfig
+    from learner.trainer import Trainer
 
-    trainer = Trainer(tiny_model, LoraConfig(rank=4, alpha=8), OptimConfig(lr=1e-2), LossConfig(),
-                      ComputeConfig(micro_batch_size=2, torch_threads=1))
+    trainer = Trainer(tiny_model, TrainConfig(lr=1e-2, loss="decoupled", is_cap=2.0, minibatches=1, micro_batch=2,
+                                              precision="autocast", device="cpu", torch_threads=1),
+                      LoraSettings(rank=4, alpha=8))
     service = _Service()
     ctx = SimpleNamespace(state=SimpleNamespace(step=0, version=0), cfg=SimpleNamespace(train=SimpleNamespace(
         behaviour_check=False)), coord=SimpleNamespace(take_drop_counts=dict, completed={}), service=service,
-        trainer=trainer, task=_Task(), tokenizer=_Tokenizer())
+        trainer=trainer, train=trainer.train_step, task=_Task(), tokenizer=_Tokenizer())
 
     async def step():
         t0 = time.perf_counter()

@@ -13,7 +13,7 @@ import trio
 
 from learner.config import LearnerConfig
 from learner.coordinator import Coordinator, GroupSpec, Limits
-from learner.service import LearnerService, SamplingDefaults
+from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from learner.web.state import DashboardSource
 from swarm.proto.hello import Hello
 from swarm.proto.rollouts import Completion, GroupResult, RolloutPush
@@ -44,8 +44,8 @@ async def populate(svc: LearnerService) -> None:
 def learner_objects():
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(5)])
-    svc = LearnerService(coord, SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="run1", model_name="m",
-                         long_poll_s=1.0)
+    svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="run1",
+                                                model_name="m", long_poll_s=1.0))
     trio.run(populate, svc)
     metrics = types.SimpleNamespace(rows=metrics_rows(2))
     state = types.SimpleNamespace(step=2, version=2)
