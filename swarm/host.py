@@ -16,8 +16,8 @@ everything from ``swarm.host``:
 - :mod:`swarm.host_config`: :class:`HostConfig` and the host's fixed limits;
 - :mod:`swarm.host_identity`: the persistent Ed25519 identity in ``data_dir``;
 - :mod:`swarm.dialing`: ``connect`` and stream opening with one re-dial;
-- :mod:`swarm.request_reply`: ``set_handler`` / ``request`` and their envelopes;
-- :mod:`swarm.raw_streams`: raw stream handlers and streams;
+- :mod:`swarm.request_reply`: ``set_handler`` / ``request`` and their envelopes (raw streams,
+  for protocols that are not one request and one reply, are the host's own methods);
 - :mod:`swarm.join_path`: connection limits, deadlines and handshake pacing under many joins.
 
 py-libp2p facts this module relies on (0.8.x):
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -39,6 +39,7 @@ import multiaddr
 import trio
 
 from swarm.dialing import Dialing
+from swarm.errors import PeerUnreachable, SwarmTimeout
 from swarm.host_config import (
     CLEANUP_TIMEOUT_S,
     DEFAULT_LISTEN_ADDR,
@@ -48,7 +49,6 @@ from swarm.host_config import (
     HostConfig,
 )
 from swarm.host_identity import IDENTITY_FILE, IDENTITY_FILE_MODE, load_or_create_identity
-from swarm.raw_streams import RawStreams
 from swarm.request_reply import Handler, RequestReply
 
 __all__ = [
@@ -69,7 +69,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class SwarmHost(RequestReply, Dialing, RawStreams):
+class SwarmHost(RequestReply, Dialing):
     """A running libp2p host. Build it with :func:`open_host`."""
 
     def __init__(self, libp2p_host: Any, config: HostConfig) -> None:
@@ -105,6 +105,39 @@ class SwarmHost(RequestReply, Dialing, RawStreams):
     def private_key(self) -> Any:
         """The host's libp2p identity private key (Ed25519), e.g. to sign manifests."""
         return self.libp2p_host.get_private_key()
+
+    # -- raw streams: protocols that are not one request and one reply (chunk pushes) --------
+    def set_stream_handler(self, protocol_id: str, handler: Callable[[Any, str], Awaitable[None]]) -> None:
+        """Serve ``protocol_id`` with a raw stream handler ``handler(stream, peer_id)`` (for
+        protocols that are not one request/one reply). The handler owns the stream."""
+        from libp2p.custom_types import TProtocol
+
+        async def stream_handler(stream: Any) -> None:
+            try:
+                peer = stream.muxed_conn.peer_id.to_base58()
+            except Exception:
+                peer = "?"
+            await handler(stream, peer)
+
+        self.libp2p_host.set_stream_handler(TProtocol(protocol_id), stream_handler)
+
+    async def open_stream(self, peer_id: str, protocol_id: str, timeout: float | None = None) -> Any:
+        """A raw ``protocol_id`` stream to a connected (or known) peer; the caller closes it.
+        Raises :class:`PeerUnreachable` or :class:`SwarmTimeout`."""
+        from libp2p.peer.id import ID
+
+        timeout = self.config.dial_timeout_s if timeout is None else timeout
+        try:
+            pid = ID.from_base58(peer_id)
+        except Exception as e:
+            raise PeerUnreachable(f"bad peer id {peer_id!r}: {e}") from e
+        try:
+            with trio.fail_after(timeout):
+                return await self._open_stream(pid, protocol_id)
+        except trio.TooSlowError as e:
+            if isinstance(e, SwarmTimeout):
+                raise
+            raise SwarmTimeout(f"opening a {protocol_id} stream to {peer_id} took over {timeout} s") from e
 
 
 def _check_tcp_addr(addr: multiaddr.Multiaddr) -> None:
