@@ -15,7 +15,10 @@ from pathlib import Path
 
 import trio
 
-from learner.metrics import first_reaching, rolling_mean
+from learner.config import NetworkConfig
+from learner.metrics import first_reaching, read_metrics, rolling_mean
+from learner.pipelines import describe_pipelines, pipeline_settings
+from swarm.pipeline.allocate import RunSpec, end_costs
 
 #: Seconds a node gets to exit by itself after the run before it is terminated.
 NODE_EXIT_GRACE_S = 10.0
@@ -61,7 +64,6 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
     called with the live service."""
     from learner.loop import run_learner
 
-    from learner.config import NetworkConfig
 
     if cfg.network.listen == NetworkConfig().listen:  # a demo stays on this machine
         cfg.network.listen = LOOPBACK_LISTEN
@@ -120,7 +122,6 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
 
 
 def summarise(run_dir: Path, total_s: float, node_backends: dict[str, str] | None = None) -> int:
-    from learner.metrics import read_metrics
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     if not rows:
@@ -182,7 +183,6 @@ def stage_cap_bytes(model, run, plan) -> int:
     ``model``/``run``/``plan`` are the allocator's ``ModelSpec``, ``RunSpec``, ``PlanConfig``."""
     import math
 
-    from swarm.pipeline.allocate import end_costs
 
     unit = model.layer_bytes + model.kv_bytes_per_token * run.group_size * run.max_tokens * run.in_flight
     need = model.n_layers + sum(end_costs(model, run))
@@ -194,10 +194,8 @@ def run_pipeline_demo(cfg, run_dir: Path) -> int:
     """``swarm-learner demo --pipeline``: the learner, three torch nodes capped below the model's
     size (stage nodes: the learner forms a 3-stage pipeline of them) and one llama.cpp node.
     Prints each plan as it is made, and at the end the pipelines and their share of rollouts."""
-    from learner.pipelines import describe_pipelines, pipeline_settings
     from node_agents.models import resolve_for_backend
     from node_agents.stage_agent import stage_geometry, whole_model_bytes
-    from swarm.pipeline.allocate import RunSpec
 
     name = cfg.model.name
     model = name if name == "default" or name.endswith(".gguf") or Path(name).is_dir() else "default"

@@ -22,6 +22,12 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from common.lora import LoraAdapter
+from learner.models import load_tokenizer, resolve_model
+from node_agents.backends.base import SamplingParams
+from tasks.interface import is_env_task, run_episode
+from tasks.registry import make_task
 from typing import Any, Callable
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -46,7 +52,6 @@ def load_peft_adapter(directory: str | Path, version: int = 1):
     import numpy as np
     from safetensors.numpy import load_file
 
-    from common.lora import LoraAdapter
 
     d = Path(directory).expanduser()
     cfg_path, weights = d / ADAPTER_CONFIG, d / ADAPTER_WEIGHTS
@@ -102,7 +107,6 @@ def evaluate(task: Any, tokenizer: Any, generate: Callable, n: int, *, multi_tur
              max_context_tokens: int | None = None, label: str = "model") -> EvalResult:
     """Score ``task`` on eval problems 0..n-1. ``generate(prompt_ids, i)`` returns a
     ``SampledCompletion`` for problem ``i`` (one completion)."""
-    from tasks.interface import run_episode
 
     t0 = time.perf_counter()
     rewards = []
@@ -133,12 +137,7 @@ def run_eval(cfg, n: int, adapter_dir: Path | None, *, temperature: float = 0.0,
              threads: int | None = None, multi_turn: bool = False, json_out: Path | None = None,
              console: Callable[[str], None] = print) -> list[EvalResult]:
     """Evaluate the base model and, when given, the adapter; print a side-by-side table."""
-    from node_agents.backends.base import SamplingParams
     from node_agents.backends.llamacpp import LlamaCppBackend
-    from learner.models import load_tokenizer
-    from learner.models import resolve_model
-    from tasks.interface import is_env_task
-    from tasks.registry import make_task
 
     if n < 1:
         raise ValueError("--n must be >= 1")
