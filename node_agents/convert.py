@@ -229,8 +229,23 @@ def pre_tokenizer_name(tokenizer_json: dict) -> str | None:
     return None
 
 
+def _no_remote_code(load):
+    """``load`` (a ``from_pretrained``) with ``trust_remote_code`` forced off."""
+    def call(*args, **kwargs):
+        kwargs["trust_remote_code"] = False
+        return load(*args, **kwargs)
+    return call
+
+
 def _run_child(argv: list[str]) -> None:
     conv, rest = Path(argv[0]), argv[1:]
+    import transformers
+
+    # llama.cpp's converter asks transformers for ``trust_remote_code=True`` in places; a model
+    # from the swarm never gets its code run (families.family_of_dir refuses such models before
+    # this, and here no loader may run any code shipped with a model either)
+    for auto in (transformers.AutoConfig, transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
+        auto.from_pretrained = _no_remote_code(auto.from_pretrained)
     sys.path.insert(0, str(conv))
     sys.path.insert(1, str(conv / "gguf-py"))
     import convert_hf_to_gguf  # noqa: E402  (llama.cpp's converter, from the sdist)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.default_model import ModelNotFoundError, resolve_gguf
+from node_agents.families import family_of_dir
 
 #: Backends and the model format each one loads.
 BACKEND_FORMATS = {"llamacpp": "gguf", "torch": "hf", "mlx": "mlx"}
@@ -35,6 +36,7 @@ def resolve_for_backend(model: str | Path, backend: str, cache_dir: str | Path |
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path} is a directory without config.json (not an HF model directory)")
         hf_dir = path.resolve()
+        family_of_dir(hf_dir)  # a supported family, no custom code: before any backend reads it
         if backend == "llamacpp":
             from node_agents.convert import hf_to_gguf
 

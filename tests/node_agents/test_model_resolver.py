@@ -55,13 +55,15 @@ def test_each_backend_gets_its_format(tmp_path, fakes):
 def test_hf_directory_input(tmp_path, fakes):
     d = tmp_path / "model"
     d.mkdir()
-    (d / "config.json").write_text("{}")
+    (d / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
     assert resolve_for_backend(d, "torch", tmp_path / "c") == d.resolve()
     assert resolve_for_backend(d, "mlx", tmp_path / "c").parent == tmp_path / "c" / "mlx"
-    # llama.cpp gets the directory through llama.cpp's converter, which refuses what no family
-    # here covers before doing anything slow (tests/families converts real ones)
-    with pytest.raises(ValueError, match="supported families: llama"):
-        resolve_for_backend(d, "llamacpp", tmp_path / "c")
+    # every backend refuses what no family here covers before doing anything slow (llama.cpp's
+    # converter included; tests/families converts real ones)
+    (d / "config.json").write_text("{}")
+    for backend in ("llamacpp", "torch", "mlx"):
+        with pytest.raises(ValueError, match="supported families: llama"):
+            resolve_for_backend(d, backend, tmp_path / "c")
     assert fakes["hf"] == 0
 
 
