@@ -9,6 +9,8 @@ waiting for the verification of their push: not handed to training), ``completed
 kept, not yet trained), ``trained``, or ``dropped:<reason>``. A group is trained at most once; a lease
 that expires puts its unfinished groups back at the front of the queue, and a late result
 for a group that nobody else has completed yet is still accepted, so no work is lost.
+Peers that take leases and let them expire are kept in check by the lease rules
+(:mod:`learner.lease_rules`: probation, no hand-back, backup leases).
 A group whose result is rejected on its merits (malformed, failed verification) goes back to
 the front of the queue at once, so one node's bad push never stalls a step; the rejection is
 counted in :attr:`Coordinator.rejections`.
@@ -29,6 +31,7 @@ from typing import Callable
 
 from learner.buffer import ReplayBuffer
 from learner.holds import HoldBook
+from learner.lease_rules import Probation, backup_groups
 from learner.rollout_checks import Limits, validate_group  # noqa: F401 (Limits re-exported)
 from learner.ledger_states import COMPLETED, HELD, LEASED, PENDING, TRAINED  # noqa: F401 (re-exported)
 from swarm.proto.rollouts import GroupResult
@@ -100,6 +103,10 @@ class Coordinator:
         self.failovers: Counter[str] = Counter()
         #: ... and, per group, the paths it took (the ledger's notes beside its state).
         self.notes: dict[str, list[str]] = {}
+        #: Who is on probation, with how many strikes (``learner/lease_rules.py``) ...
+        self.probation = Probation()
+        #: ... and the backup leases given out because a group's holder was on probation.
+        self.backups = 0
         self._ids = itertools.count()
         #: Pushes waiting for verification (``learner/holds.py``).
         self.hold_book = HoldBook(self.ledger, lambda: f"H{next(self._ids)}")
@@ -127,18 +134,24 @@ class Coordinator:
         """Take up to ``max_groups`` pending groups for ``peer_id``; ``None`` if none wait.
         ``limit`` replaces ``groups_per_lease`` (a pipeline head's groups in flight)."""
         self.expire(now)
-        n = max(1, min(max_groups, self.groups_per_lease if limit is None else limit))
+        held = sum(le.peer_id == peer_id for le in self.leases.values())
+        n = self.probation.lease_size(peer_id, max(1, min(max_groups, self.groups_per_lease if limit is None else limit)),
+                                      held)
         taken: list[str] = []
-        skipped: list[str] = []  # groups this peer's results were refused for: left to others
+        skipped: list[str] = []  # groups this peer's results were refused for, or it let expire: left to others
         while self.queue and len(taken) < n:
             gid = self.queue.popleft()
             if self.ledger.get(gid) != PENDING:
                 continue
-            if peer_id in self.refused_by.get(gid, ()):
+            if peer_id in self.refused_by.get(gid, ()) or self.probation.keeps_from(gid, peer_id, now,
+                                                                                     self.lease_timeout_s):
                 skipped.append(gid)
             else:
                 taken.append(gid)
         self.queue.extendleft(reversed(skipped))
+        backup = not taken and n > 0 and held == 0
+        if backup:  # nothing pending: back up a group held by a peer on probation (lease_rules.py)
+            taken = backup_groups(peer_id, n, self.leases.values(), self.ledger, self.probation, LEASED)
         if not taken:
             return None
         lease = LeaseRecord(
@@ -152,6 +165,9 @@ class Coordinator:
         )
         for gid in taken:
             self.ledger[gid] = LEASED
+            if backup:
+                self.notes.setdefault(gid, []).append(f"backup lease ({lease.lease_id})")
+        self.backups += len(taken) if backup else 0
         self.leases[lease.lease_id] = lease
         return lease
 
@@ -160,6 +176,7 @@ class Coordinator:
         requeued: list[str] = []
         for lid in [lid for lid, lease in self.leases.items() if lease.deadline <= now]:
             lease = self.leases.pop(lid)
+            self.probation.expired(lease.peer_id, lease.open_groups, now)
             requeued += self._release(lease)
             self.expired[lid] = lease
             while len(self.expired) > MAX_EXPIRED_LEASES:
@@ -247,6 +264,8 @@ class Coordinator:
             accepted.append(r.group_id)
         if lease is not None and lease.lease_id in self.leases and not lease.open_groups:
             del self.leases[lease.lease_id]
+        if accepted:
+            self.probation.accepted(peer_id)
         return accepted, rejected
 
     def refuse_push(self, peer_id: str, lease_id: str, group_ids: list[str], reason: str) -> dict[str, str]:

@@ -51,6 +51,7 @@ def test_lease_submit_take():
 )
 def test_bad_results_are_rejected_and_group_goes_back_to_pending_at_once(bad, reason):
     c = make()
+    c.probation.proven.add("A")  # A delivered before: not on probation, so it may hold two leases
     lease = c.lease("A", 2, now=0.0)
     acc, rej = c.submit("A", lease.lease_id, [bad], now=1.0)
     assert acc == [] and reason in rej[bad.group_id]
@@ -137,6 +138,7 @@ def test_version_of_new_leases_and_completed_filter():
 
 def test_revoking_an_untrusted_peer_reissues_its_leases_and_untrained_results():
     c = make(n_groups=4, per_lease=1)
+    c.probation.proven.add("A")  # A delivered before: not on probation, so it may hold two leases
     la, lb, la2 = c.lease("A", 1, now=0.0), c.lease("B", 1, now=0.0), c.lease("A", 1, now=0.0)
     c.submit("A", la.lease_id, [result(la.group_ids[0])], now=1.0)
     c.submit("B", lb.lease_id, [result(lb.group_ids[0])], now=1.0)
