@@ -6,6 +6,8 @@ restarts) and its run's name (stable for a given config), plus its DHT presence.
   the hash covers the resolved config minus what differs between machines or launches of
   the same run (``[network]``, ``[dashboard]``, ``[run]``).
 - :func:`announce_run`: serve ``run-info`` and provide the run's learner key in the DHT.
+- :func:`join_line`: the printed join command, naming the run by ``<name>@<learner peer id>``:
+  nodes started from it accept no other peer as their learner.
 - :func:`keep_peers` / :func:`join_swarm`: the nodes' addresses are kept beside the key, so a
   restarted learner (even on another port) rejoins the DHT through them and re-announces itself.
 """
@@ -55,6 +57,15 @@ async def announce_run(host, discovery, name: str) -> None:
     serve_run_info(host, lambda peer: RunInfo(run_name=name, role="learner", learner=host.peer_id,
                                               learner_addrs=host.advertised_addrs(peer)))
     await discovery.provide(run_key(name, "learner"))
+
+
+def join_line(name: str, peer_id: str, bootstrap: str) -> str:
+    """The console line that tells operators how nodes join: the run's identity
+    (``NAME@PEERID``, so nodes accept no other learner) and one address to bootstrap from."""
+    from swarm.discovery.identity import RunIdentity, join_command
+
+    return (f"learner: run {name}; join with `{join_command(RunIdentity(name, peer_id), bootstrap)}` "
+            "(any member's address works as --bootstrap)")
 
 
 async def join_swarm(host, discovery, bootstrap: list[str], console, key_dir=None) -> None:

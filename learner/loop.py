@@ -28,7 +28,7 @@ from learner.config import LearnerConfig
 from learner.coordinator import Coordinator, Limits
 from learner.dissem import start_learner_dissem
 from learner.episodes import EpisodeSettings, episode_settings, make_verifier, run_task
-from learner.identity import announce_run, join_swarm, keep_peers, run_name
+from learner.identity import announce_run, join_line, join_swarm, keep_peers, run_name
 from learner.lease_gate import GateSettings
 from learner.metrics import MetricsWriter, plot_rewards, progress_line, rolling_mean
 from learner.model_serve import start_model_serve
@@ -146,8 +146,7 @@ async def run_learner(
             nursery.start_soon(keep_peers, identity_dir, service)  # remembered for the next start
             await announce_run(host, discovery, name)
             console(f"learner: listening on {host.peer_id} {' '.join(host.addrs)}")
-            console(f"learner: run {name}; join with `swarm-node join --bootstrap {host.addrs[0]}` "
-                    "(any member's address works)")
+            console(join_line(name, host.peer_id, host.addrs[0]))
             task_status.started(list(host.addrs))
             t_start = time.perf_counter() - state.wall_s
             train = verifier.exclusive(trainer.train_step) if verifier is not None else trainer.train_step

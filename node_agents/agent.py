@@ -131,13 +131,15 @@ class NodeAgent:
 
     async def _join(self, host) -> str:
         peer = await (self.net.connect() if self.net is not None else host.connect(self.cfg.learner))
+        if self.net is not None:  # the hello goes to, and its ack comes from, this peer id only
+            self.net.check_learner(peer)  # another learner than the given/pinned one: LearnerRefused (fatal)
         caps = self.backend.capabilities()
         hello = Hello(
             backend=caps.backend, device=caps.device, memory_bytes=caps.memory_bytes,
             tokens_per_s=caps.tokens_per_s, extra={**caps.extra, "model": self.model_name},
             model_sha256=self.cfg.model_sha256,
         )
-        hello.run_name, hello.addrs = self.cfg.run, host.advertised_addrs(peer)
+        hello.run_name, hello.addrs = self.cfg.run.partition("@")[0], host.advertised_addrs(peer)
         hello.join_token = self.cfg.join_token
         ack = await host.request(peer, HELLO, hello, HelloAck, timeout=self.cfg.request_timeout_s)
         if self.net is not None:
@@ -149,9 +151,9 @@ class NodeAgent:
         if ack.run_id != self.run_id:
             self.run_id = ack.run_id
             self.adapter_key = None
-        self.say(f"joined learner {peer[-6:]} (run {ack.run_id}, model {ack.model}, v{ack.current_version})")
-        if self.net is not None:
+        if self.net is not None:  # a run pinned to another learner: LearnerRefused (fatal); else pinned
             await self.net.joined(peer, ack.run_name)
+        self.say(f"joined learner {peer[-6:]} (run {ack.run_id}, model {ack.model}, v{ack.current_version})")
         return peer
 
     async def _work_loop(self, host, peer: str) -> bool:

@@ -17,7 +17,7 @@ from node_agents.hardware import choose_backend, detect, installed_backends
 from node_agents.models import resolve_for_backend
 from swarm.addrs import check_announce, split_peer_id
 from swarm.config import ConfigError, Shortcut, add_shortcuts, shortcut_values
-from swarm.discovery.keys import check_run_name
+from swarm.discovery.identity import split_run
 from swarm.quiet import quiet_libp2p
 
 
@@ -30,12 +30,15 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
 
 
+#: Exit status of a node that refused its learner (not the one given by --run/--learner or pinned).
+EXIT_LEARNER_REFUSED = 4
+
 S = Shortcut
 #: ``join`` flags that stand for a :class:`NodeConfig` field (type, choices and help come from it).
 JOIN_FLAGS = (
     S("--learner", "learner", metavar="MULTIADDR"), S("--bootstrap", "bootstrap", metavar="MULTIADDR"),
-    S("--run", "run", metavar="NAME"), S("--announce", "announce", metavar="MULTIADDR"),
-    S("--backend", "backend"), S("--model", "model"), S("--quant", "quant"), S("--device", "device"),
+    S("--run", "run", metavar="NAME@PEERID"), S("--announce", "announce", metavar="MULTIADDR"),
+    S("--backend", "backend"), S("--model", "model"), S("--quant", "quant"), S("--max-model-gb", "max_model_gb"), S("--device", "device"),
     S("--dtype", "dtype"), S("--data-dir", "data_dir"), S("--listen", "listen", metavar="MULTIADDR"),
     S("--upload-mbps", "upload_mbps"), S("--threads", "threads"), S("--max-groups", "max_groups"),
     S("--max-retries", "max_retries"), S("--token", "join_token"), S("--no-probe", "probe", const=False),
@@ -85,6 +88,7 @@ def join(cfg, name: str = "") -> int:
     from node_agents.discovery import WrongRun, node_discovery
     from node_agents.model_fetch import ModelError
     from swarm.content.fetch import FetchError
+    from swarm.discovery.identity import LearnerPins, LearnerRefused, PinError
     from swarm.host import open_host
 
     try:
@@ -96,8 +100,9 @@ def join(cfg, name: str = "") -> int:
 
     async def _main() -> None:
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        pins = LearnerPins.in_dir(cfg.data_dir)  # the learner of each run this node has served
         async with open_host(cfg.data_dir, listen_addr=cfg.listen, announce=cfg.announce) as host, \
-                node_discovery(host, learner=cfg.learner, bootstrap=cfg.bootstrap, run=cfg.run,
+                node_discovery(host, learner=cfg.learner, bootstrap=cfg.bootstrap, run=cfg.run, pins=pins,
                                say=lambda text: print(f"swarm-node: {text}", flush=True)) as net:
             print(f"swarm-node: listening on {host.peer_id} {' '.join(host.addrs)}", flush=True)
             # The base model first (fetched from the swarm if needed), then the backend.
@@ -129,9 +134,12 @@ def join(cfg, name: str = "") -> int:
     except (FileNotFoundError, ValueError, ImportError, ModelError, FetchError) as e:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 2
-    except WrongRun as e:
+    except (WrongRun, PinError) as e:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 2
+    except LearnerRefused as e:  # not the given or pinned learner: retrying cannot help
+        print(f"swarm-node: {e}", file=sys.stderr)
+        return EXIT_LEARNER_REFUSED
     except ModelRefused as e:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 3
@@ -240,8 +248,10 @@ def check_join_args(cfg) -> str | None:
         if not split_peer_id(addr)[1]:
             return f"{addr!r} must end in /p2p/<peer id>"
     try:
-        if cfg.run:
-            check_run_name(cfg.run)
+        run_id = split_run(cfg.run)[1] if cfg.run else ""
+        addr_id = split_peer_id(cfg.learner)[1] if cfg.learner else ""
+        if run_id and addr_id and run_id != addr_id:
+            return f"--learner is peer {addr_id} but --run names learner {run_id}; give the learner's own address"
         for addr in cfg.announce:
             check_announce(addr)
     except ValueError as e:

@@ -30,6 +30,9 @@ class NodeConfig:
     #: llama.cpp nodes: quantisation of the GGUF they load (``keep``, ``f16``, ``q8_0``, ``q4_1``),
     #: made once with llama.cpp's quantiser and cached (``keep`` = as served).
     quant: Literal["keep", "f16", "q8_0", "q4_1"] = "keep"
+    #: The largest run model this node fetches from the swarm (GB of its files); a bigger one is
+    #: refused before any byte is written. 0 = no cap (the free-disk check still applies).
+    max_model_gb: float = 64.0
     #: Content hash of the model this node holds (``swarm.content.model_id``; set at join).
     model_sha256: str = ""
     #: torch device (``cuda``, ``cuda:1``, ``cpu``); empty = CUDA when available, else CPU.
@@ -45,8 +48,11 @@ class NodeConfig:
     #: Multiaddrs of any swarm members (learner or nodes), each ending in ``/p2p/<id>``, to join
     #: the DHT through; the first live one is used and the run's learner is looked up in the DHT.
     bootstrap: list[str] = field(default_factory=list)
-    #: Run to join; a learner of another run is refused. Empty = the bootstrap
-    #: peer's run (or whatever run ``learner`` trains).
+    #: Run to join, as the learner prints it: ``NAME@PEERID`` (the run's name and its learner's
+    #: peer id; no other learner is ever served) or just ``NAME`` (the learner is then the one
+    #: pinned for NAME in ``data_dir/learner_pins.json``, else learnt once from the bootstrap peer
+    #: and pinned). A learner of another run is refused. Empty = the bootstrap peer's run (or
+    #: whatever run ``learner`` trains).
     run: str = ""
     #: Extra multiaddrs to advertise (a public address or port mapping), e.g. ``/ip4/203.0.113.7/tcp/4002``.
     announce: list[str] = field(default_factory=list)

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -123,6 +124,31 @@ async def report_have(host, learner_peer: str, copy: ModelCopy, fetcher: Puller 
 
 
 # ---------------------------------------------------------------------- the whole step
+#: Free disk kept beyond what a fetch needs (bytes): the node's other files and the converted copy.
+DISK_MARGIN_BYTES = 512 * 2**20
+
+
+def fetch_refusal(total_bytes: int, held: int, free_bytes: int, max_bytes: int) -> str | None:
+    """Why a model of ``total_bytes`` must not be fetched (None: fetch it). The payload is written
+    chunk by chunk, then split into the model's files, so a fetch needs up to twice the model's
+    size on disk (less what an earlier, interrupted fetch already wrote), plus a margin;
+    ``max_bytes`` is the node's cap (0 = none)."""
+    if max_bytes and total_bytes > max_bytes:
+        return (f"{total_bytes / 1e9:.2f} GB is over this node's cap of {max_bytes / 1e9:.2f} GB "
+                "(--max-model-gb; 0 = no cap)")
+    need = 2 * total_bytes - held + DISK_MARGIN_BYTES
+    if need > free_bytes:
+        return (f"needs about {need / 1e9:.2f} GB of free disk to fetch and unpack, "
+                f"{free_bytes / 1e9:.2f} GB free; free some space or point ECHO_SWARM_CACHE at a bigger disk")
+    return None
+
+
+def held_bytes(directory: Path) -> int:
+    """Bytes an interrupted fetch of this model already wrote there (its ``payload.part``)."""
+    part = directory / "payload.part"
+    return part.stat().st_size if part.is_file() else 0
+
+
 async def prepare_model(host, learner_peer: str, cfg, server: ChunkServer | None = None,
                         settings: PullSettings | None = None) -> PreparedModel:
     """The node's model, ready for ``cfg.backend`` (see the module docstring).
@@ -145,7 +171,13 @@ async def prepare_model(host, learner_peer: str, cfg, server: ChunkServer | None
         return PreparedModel(path, source, sha, "default" if str(cfg.model) == "default" else source.name)
     run_sha = manifest.content_sha256
     if is_run_model(cfg.model):
-        copy = ModelCopy(manifest, models_root(cache_dir) / run_sha)
+        root = models_root(cache_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        cap = int(float(getattr(cfg, "max_model_gb", 0.0) or 0.0) * 1e9)
+        refusal = fetch_refusal(manifest.total_bytes, held_bytes(root / run_sha), shutil.disk_usage(root).free, cap)
+        if refusal:
+            raise ModelError(f"model {manifest.name} (sha256 {short(run_sha)}): {refusal}")
+        copy = ModelCopy(manifest, root / run_sha)
         server.add(model_content_id(manifest), copy)
         if copy.complete:
             print(f"swarm-node: model {manifest.name} (sha256 {short(run_sha)}) is cached", file=sys.stderr, flush=True)

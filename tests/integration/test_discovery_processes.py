@@ -2,7 +2,8 @@
 learner's address as a bootstrap, node 2 knows only a dead address and node 1's, learns the
 run from node 1 and finds the learner through the DHT; a node asking for another run exits
 with the learner's reason; the learner is then restarted with the same data dir and port,
-keeps its peer id, and both still-running nodes find it again and finish the run."""
+keeps its peer id, and both still-running nodes find it again and finish the run. (The run's
+identity, NAME@PEERID, and an impostor claiming the run: ``test_impostor_processes.py``.)"""
 
 from __future__ import annotations
 
@@ -125,6 +126,8 @@ def test_bootstrap_through_a_node_wrong_run_and_learner_restart(tmp_path):
     assert f"bootstrap {DEAD} unreachable" in n2
     assert f"is in run '{RUN}'" in n2
     assert f"found the learner of run '{RUN}' in the DHT: {peer_ids[0][-6:]}" in n2
+    # n2 was given no learner id: it took the one node 1 named and pinned it (trust on first use).
+    assert f"pinned learner {peer_ids[0]} for run '{RUN}'" in n2 and "(trust on first use)" in n2
     for name in ("n1", "n2"):
         assert procs[name].returncode == 0, logs[name]
         assert logs[name].count(f"joined learner {peer_ids[0][-6:]}") >= 2, logs[name]

@@ -23,8 +23,16 @@ def test_node_needs_a_learner_or_a_bootstrap():
     assert check_join_args(NodeConfig(bootstrap=[ADDR, ADDR], run="r-1", announce=["/ip4/198.51.100.7/tcp/4002"])) is None
 
 
+def test_the_run_identity_from_the_join_line_is_accepted():
+    assert check_join_args(NodeConfig(bootstrap=[ADDR], run=f"exp-7@{PID}")) is None
+    assert check_join_args(NodeConfig(learner=ADDR, run=f"exp-7@{PID}")) is None
+
+
 @pytest.mark.parametrize("cfg, match", [
     (NodeConfig(bootstrap=["/ip4/192.0.2.1/tcp/4001"]), "/p2p/"),
+    (NodeConfig(bootstrap=[ADDR], run="exp-7@12D3KooWnot"), "peer id"),
+    (NodeConfig(bootstrap=[ADDR], run=f"@{PID}"), "NAME@PEERID"),
+    (NodeConfig(learner=ADDR, run="exp-7@12D3KooWKb4GXf8nXb2sW7yhQ6tCfqQreomcwLKZr9MhvGhrVR7c"), "--run names learner"),
     (NodeConfig(learner=ADDR, run="no spaces"), "run name"),
     (NodeConfig(learner=ADDR, announce=["/ip4/0.0.0.0/tcp/1"]), "unspecified"),
 ])

@@ -248,3 +248,40 @@ def test_a_learner_without_the_model_protocols_leaves_a_local_model_unchecked(tm
 
     run_trio(main)
     assert out["local"].content_sha256 == content_sha256(model_file)
+
+
+def test_a_fetch_needs_room_for_the_payload_and_the_files_and_respects_the_cap():
+    from node_agents.model_fetch import DISK_MARGIN_BYTES, fetch_refusal
+
+    gb = 10**9
+    assert fetch_refusal(1 * gb, 0, 3 * gb, 64 * gb) is None
+    assert "over this node's cap of 2.00 GB" in fetch_refusal(3 * gb, 0, 100 * gb, 2 * gb)
+    assert fetch_refusal(3 * gb, 0, 100 * gb, 0) is None  # 0 = no cap
+    tight = 2 * gb + DISK_MARGIN_BYTES
+    assert "free disk" in fetch_refusal(1 * gb, 0, tight - 1, 0)
+    assert fetch_refusal(1 * gb, 0, tight, 0) is None
+    assert fetch_refusal(1 * gb, gb // 2, tight - gb // 2, 0) is None  # a resumed fetch needs less
+
+
+def test_a_model_over_the_nodes_cap_is_refused_before_a_byte_is_written(tmp_path, model_file):
+    from node_agents.cli import JOIN_FLAGS, build_parser
+    from node_agents.config import NodeConfig
+    from swarm.config import shortcut_values
+
+    args = build_parser().parse_args(["join", "--learner", "/ip4/127.0.0.1/tcp/1/p2p/x", "--max-model-gb", "0.5"])
+    assert NodeConfig(**shortcut_values(args, JOIN_FLAGS)).max_model_gb == 0.5
+    out = {}
+
+    async def main():
+        async with open_host(tmp_path / "L", listen_addr=LOOPBACK) as lh, \
+                open_host(tmp_path / "B", listen_addr=LOOPBACK) as bh:
+            await start_model_serve(lh, model_file, "tiny", chunk_bytes=CHUNK)
+            learner = await bh.connect(lh.addrs[0])
+            cap = model_file.stat().st_size / 2 / 1e9  # half the model
+            cfg = SimpleNamespace(model="", backend="torch", quant="keep", cache_dir=tmp_path / "c", max_model_gb=cap)
+            with pytest.raises(ModelError, match="over this node's cap"):
+                await prepare_model(bh, learner, cfg, settings=FAST)
+            out["written"] = [p for p in (tmp_path / "c").rglob("*") if p.is_file()]
+
+    run_trio(main)
+    assert out["written"] == []

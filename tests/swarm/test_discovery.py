@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from swarm.discovery.bootstrap import LearnerLocator, NoBootstrap, ask_run_info, connect_first, serve_run_info
+from swarm.discovery.bootstrap import LearnerLocator, LearnerNotFound, NoBootstrap, ask_run_info, connect_first, serve_run_info
 from swarm.discovery.dht import DiscoveryConfig, open_discovery
+from swarm.discovery.identity import LearnerPins
 from swarm.discovery.keys import check_run_name, run_key, run_mismatch, slug
 from swarm.host import HostConfig, open_host
 from swarm.proto.discovery import RunInfo
@@ -122,3 +123,60 @@ def test_discovery_config_is_validated():
         DiscoveryConfig(mode="relay")
     with pytest.raises(ValueError):
         DiscoveryConfig(reprovide_s=0)
+
+
+# ------------------------------------------------------------------ the run's identity
+
+
+def test_an_impostor_claiming_the_run_is_never_taken_for_its_learner(tmp_path):
+    """The impostor provides the run's learner key and answers run-info naming itself; it is the
+    node's only bootstrap. A node given the run's identity (NAME@PEERID) dials only the learner;
+    a node that pinned the learner (trust on first use) does the same after a restart, and while
+    the learner is away it finds nobody rather than the impostor."""
+    said: list[str] = []
+
+    async def node(name: str, **kw):
+        """A fresh node host (same data dir = same peer id and pins) and its locator's first connect."""
+        async with open_host(tmp_path / name, listen_addr=LOOP, config=FAST) as n, open_discovery(n) as d:
+            loc = LearnerLocator(n, d, say=said.append, timeout_s=5.0, **kw)
+            try:
+                return await loc.connect(), loc
+            except LearnerNotFound as e:  # returned: raised here it would leave wrapped in groups
+                return (e, ""), loc
+
+    async def main():
+        with trio.fail_after(90):
+            async with open_host(tmp_path / "x", listen_addr=LOOP, config=FAST) as xh, open_discovery(xh) as xd:
+                serve_run_info(xh, lambda peer: RunInfo("run-a", "learner", xh.peer_id, xh.advertised_addrs(peer)))
+                async with open_host(tmp_path / "l", listen_addr=LOOP, config=FAST) as lh, open_discovery(lh) as ld:
+                    learner = lh.peer_id
+                    serve_run_info(lh, lambda peer: RunInfo("run-a", "learner", learner, lh.advertised_addrs(peer)))
+                    await xd.add_peer(await xh.connect(lh.addrs[0]))
+                    await ld.provide(run_key("run-a", "learner"))
+                    await xd.provide(run_key("run-a", "learner"))
+                    assert {r.peer_id for r in await xd.find_providers(run_key("run-a", "learner"))} == {learner}
+
+                    # From the learner's join line, bootstrapping from the impostor only.
+                    (peer, addr), loc = await node("n1", bootstrap=[xh.addrs[0]], run=f"run-a@{learner}")
+                    assert peer == learner and addr.endswith(learner)
+                    # Trust on first use through an honest bootstrap (the learner), pinned at the ack ...
+                    (peer, _), loc = await node("n2", bootstrap=[lh.addrs[0]], pins=LearnerPins.in_dir(tmp_path / "n2"))
+                    assert peer == learner and loc.run == "run-a"
+                    loc.trust.confirm("run-a", peer)  # what the hello ack does (NodeDiscovery.joined)
+                    assert LearnerPins.in_dir(tmp_path / "n2").get("run-a") == learner
+                    # ... then restarted with only the impostor's address: still only the learner.
+                    (peer, _), loc = await node("n2", bootstrap=[xh.addrs[0]], pins=LearnerPins.in_dir(tmp_path / "n2"))
+                    assert peer == learner
+                # The learner is gone: the pinned node finds nobody, and never the impostor.
+                for name, kw in (("n2", dict(pins=LearnerPins.in_dir(tmp_path / "n2"))),
+                                 ("n1", dict(run=f"run-a@{learner}"))):
+                    (found, _), loc = await node(name, bootstrap=[xh.addrs[0]], **kw)
+                    assert isinstance(found, LearnerNotFound), found
+                    assert loc.trust.learner == learner
+
+    trio.run(main)
+    ignored = [s for s in said if s.startswith("ignoring")]
+    assert any("run-info" in s and "accepts only" in s for s in ignored), said
+    assert any("DHT provider record" in s for s in ignored), said
+    assert any("names" in s and "trust on first use" in s for s in said), said
+    assert any("pinned learner" in s for s in said), said
