@@ -33,7 +33,7 @@ from learner.lease_gate import GateSettings
 from learner.metrics import MetricsWriter, plot_rewards, progress_line, rolling_mean
 from learner.model_serve import start_model_serve
 from learner.models import load_tokenizer, resolve_model
-from learner.pipelines import pipeline_settings
+from learner.pipelines import pipeline_settings, stage_alive
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from learner.steps import StepContext, async_step, sequential_step
 from learner.trainer_build import build_trainer
@@ -134,7 +134,8 @@ async def run_learner(
             service = LearnerService(
                 coord, service_settings(cfg, run_id, name, model_serve.content_sha256),
                 versions=versions, nodes=nodes, admission=build_admission(cfg.network, run_dir / "identity"),
-                verifier=verifier, episode=episodes, dissem=dissem, model_serve=model_serve, console=console)
+                verifier=verifier, episode=episodes, dissem=dissem, model_serve=model_serve, console=console,
+                probe=lambda peer: stage_alive(host, peer))
             service.register(host)
             if on_service is not None:
                 on_service(service)

@@ -31,10 +31,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+import trio
+
 
 from swarm.pipeline.allocate import (ModelSpec, NodeSpec, Plan, PlanConfig, RunSpec, Stage, end_costs,
                                      form_pipelines, layer_capacity, replan)
+from swarm.chunks.streams import close_stream
+from swarm.errors import SwarmError
 from swarm.pipeline.layers import slice_for_range
+from swarm.pipeline.proto import PIPELINE
 from swarm.proto.adapter import AdapterReply
 from swarm.proto.stage import RouteHop, StageAdapterRequest, StageAssignment, StageReport, StageReportAck
 from swarm.proto.work import WorkRequest
@@ -231,6 +236,14 @@ class PipelineManager:
         if self.on_plan is not None:
             self.on_plan()
 
+    def pipeline_peers(self, peer_id: str) -> set[str]:
+        """The stage nodes of ``peer_id``'s pipeline (its hops and the replicas of its hops)."""
+        mine = self.pipeline_of(peer_id)
+        if mine is None:
+            return set()
+        pid, stages = mine
+        return {s.node_id for s in stages} | {p for p, (rp, _) in self.replicas.items() if rp == pid}
+
     def pipeline_of(self, peer_id: str) -> tuple[str, tuple[Stage, ...]] | None:
         if self.plan is None:
             return None
@@ -319,18 +332,37 @@ def stage_adapter(reply: AdapterReply, msg: StageAdapterRequest) -> AdapterReply
     return dataclasses.replace(reply, tensors=slice_for_range(reply.tensors, msg.layer_start, msg.layer_end))
 
 
-def stage_report(pipelines: PipelineManager, coord: Any, msg: StageReport, peer_id: str,
-                 now: float) -> StageReportAck:
+def stage_report(pipelines: PipelineManager, coord: Any, msg: StageReport, peer_id: str
+                 ) -> tuple[StageReportAck, list[str]]:
     """A head's failover report: replayed groups are noted in the ledger; failed ones go back
-    to pending at once; lost stage peers leave the plan (re-planned without them)."""
+    to pending at once. Returns the ack and the peers it says were lost that serve the head's
+    own pipeline (its hops and their replicas): only those are evidence, and only once the
+    learner's own probe confirms them (:func:`stage_alive`) do they leave the plan. A report
+    naming any other stage changes nothing."""
     coord.record_replayed(peer_id, msg.lease_id, msg.replayed)
     requeued = coord.release_groups(peer_id, msg.lease_id, msg.failed, "stage_lost: re-leased")
-    for lost in msg.lost_peers:
-        if lost != peer_id and pipelines.is_stage(lost):
-            pipelines.leave(lost, now, "lost")
-    log.warning("pipeline head %s: %d group(s) replayed, %d re-leased (%s); lost %s", peer_id[-6:],
-                len(msg.replayed), len(requeued), msg.reason[:200], [p[-6:] for p in msg.lost_peers])
-    return StageReportAck(requeued=requeued)
+    mine = pipelines.pipeline_peers(peer_id)
+    lost = [p for p in dict.fromkeys(msg.lost_peers) if p != peer_id and p in mine]
+    ignored = [p[-6:] for p in msg.lost_peers if p not in lost]
+    log.warning("pipeline head %s: %d group(s) replayed, %d re-leased (%s); lost %s%s", peer_id[-6:],
+                len(msg.replayed), len(requeued), msg.reason[:200], [p[-6:] for p in lost],
+                f"; not of its pipeline, ignored: {ignored}" if ignored else "")
+    return StageReportAck(requeued=requeued), lost
+
+
+#: The longest the learner's probe of a stage reported lost may take (s).
+STAGE_PROBE_TIMEOUT_S = 5.0
+
+
+async def stage_alive(host: Any, peer_id: str, timeout_s: float = STAGE_PROBE_TIMEOUT_S) -> bool:
+    """The learner's own probe of a stage node a head reported lost: can a fresh stream on the
+    stage protocol be opened to it within ``timeout_s``?"""
+    try:
+        stream = await host.open_stream(peer_id, PIPELINE, timeout=timeout_s)
+    except (SwarmError, OSError, trio.TooSlowError):
+        return False
+    await close_stream(stream, reset=True)
+    return True
 
 
 def describe_pipelines(summary: dict, backends: dict[str, str]) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 import trio
 
@@ -106,7 +106,8 @@ class LearnerService:
     no caps), ``verifier`` (None: pushes are not re-scored; else :meth:`verify_loop` must run),
     ``episode`` (multi-turn runs: the settings every lease carries), ``dissem`` (None: adapters
     by direct fetch only), ``model_serve`` (the base model's server, for the run's summary),
-    ``console`` (where each new plan of stage pipelines is printed).
+    ``console`` (where each new plan of stage pipelines is printed), ``probe`` (the learner's own
+    check of a stage a pipeline head reports lost).
     """
 
     def __init__(self, coordinator: Coordinator, settings: ServiceSettings, *,
@@ -114,7 +115,8 @@ class LearnerService:
                  admission: Admission | None = None, verifier: Verifier | None = None,
                  episode: EpisodeSettings | None = None, dissem: LearnerDissem | None = None,
                  model_serve: LearnerModelServe | None = None,
-                 console: Callable[[str], None] | None = None) -> None:
+                 console: Callable[[str], None] | None = None,
+                 probe: Callable[[str], Awaitable[bool]] | None = None) -> None:
         self.coordinator = coordinator
         self.settings = settings
         self.versions = versions if versions is not None else AdapterVersions()
@@ -127,6 +129,9 @@ class LearnerService:
         self.model_serve = model_serve
         #: Where a new plan of stage pipelines is shown to the operator (None: logged only).
         self.console = console
+        #: The learner's own probe of a stage a head reported lost (``learner.pipelines.stage_alive``);
+        #: None: the head's report alone is taken as evidence (harnesses without a host).
+        self.probe = probe
         #: Completions accepted per peer since the last :meth:`take_contributions`.
         self.contributions: dict[str, int] = {}
         self.changes = Changes()
@@ -346,7 +351,14 @@ class LearnerService:
 
     async def on_stage_report(self, msg: StageReport, peer_id: str):
         self._node(peer_id)
-        ack = stage_report(self.pipelines, self.coordinator, msg, peer_id, trio.current_time())
+        ack, lost = stage_report(self.pipelines, self.coordinator, msg, peer_id)
+        self.notify()  # the re-leased groups first; the probes may take a while
+        for peer in lost:
+            if self.probe is not None and await self.probe(peer):
+                log.warning("pipeline head %s reported %s lost, but it answers the learner: kept",
+                            short(peer_id), short(peer))
+            elif self.pipelines.is_stage(peer):
+                self.pipelines.leave(peer, trio.current_time(), "lost")
         self.notify()
         return ack
 

@@ -196,6 +196,38 @@ def _service():
                                              model_name="m", long_poll_s=0.5))
 
 
+def test_a_stage_leaves_only_on_evidence_from_its_own_pipeline_confirmed_by_the_learners_probe():
+    from learner.service import LearnerService, SamplingDefaults, ServiceSettings
+
+    probed: list[str] = []
+    answers = {"s2": True, "s3": False}
+
+    async def probe(peer: str) -> bool:
+        probed.append(peer)
+        return answers[peer]
+
+    async def main():
+        svc = LearnerService(make_coord(2), ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2,
+                                                            run_id="r", model_name="m", long_poll_s=0.5),
+                             probe=probe)
+        for p in ("s1", "s2", "s3"):
+            assert (await svc.on_hello(stage_hello(300 * MB), p)).accepted
+        assert (await svc.on_hello(whole_hello(), "whole")).accepted
+        stages = {st[0] for st in svc.pipelines.summary()["pipelines"][0]["stages"]}
+        assert stages == {"s1", "s2", "s3"} and svc.pipelines.pipeline_peers("whole") == {"whole"}
+        # any node that said hello may report, but a report about another pipeline is no evidence
+        await svc.on_stage_report(StageReport(lease_id="L0", replayed=[], failed=[], lost_peers=["s2", "s3"],
+                                              reason="made up"), "whole")
+        assert probed == [] and all(svc.pipelines.is_stage(p) for p in stages)
+        # the pipeline's own head: its claims are probed; the stage that answers stays
+        await svc.on_stage_report(StageReport(lease_id="L0", replayed=[], failed=[], lost_peers=["s2", "s3", "s3"],
+                                              reason="lost"), "s1")
+        assert probed == ["s2", "s3"]
+        assert svc.pipelines.is_stage("s2") and not svc.pipelines.is_stage("s3")
+
+    trio.run(main)
+
+
 def test_service_stage_poll_assigns_then_leases_only_to_a_ready_head():
     async def main():
         svc = _service()
@@ -266,3 +298,26 @@ def test_geometry_out_of_range_is_refused():
                 {"n_layers": "many"}, {"kv_bytes_per_token": -1}):
         with pytest.raises(ValueError, match="geometry"):
             parse_stage_hello({"stage": "1", "stage_model": json.dumps({**asdict(SMOL), **bad})})
+
+
+def test_the_learners_probe_opens_a_stage_stream_and_fails_on_a_gone_peer(tmp_path):
+    from learner.pipelines import stage_alive
+    from swarm.host import open_host
+    from swarm.pipeline.proto import PIPELINE
+
+    async def main():
+        with trio.fail_after(30):
+            await probe_then_stop()
+
+    async def probe_then_stop():
+        async with open_host(tmp_path / "L", listen_addr="/ip4/127.0.0.1/tcp/0") as learner:
+            async with open_host(tmp_path / "S", listen_addr="/ip4/127.0.0.1/tcp/0") as stage:
+                async def serve(stream, peer):
+                    await stream.close()
+                stage.set_stream_handler(PIPELINE, serve)
+                await learner.connect(stage.addrs[0])
+                stage_id = stage.peer_id
+                assert await stage_alive(learner, stage_id, timeout_s=5.0)
+            assert not await stage_alive(learner, stage_id, timeout_s=2.0)  # gone
+
+    trio.run(main)
