@@ -38,6 +38,7 @@ import trio
 
 from learner.adapter_versions import AdapterVersions
 from learner.config import DissemConfig
+from learner.relay_rates import RelayRates
 from common.lora import LoraAdapter
 from swarm.dissem.broadcast import BroadcastSettings, Disseminator, to_subtree
 from swarm.dissem.instructions import build_instructions, sign_instructions
@@ -77,6 +78,8 @@ class LearnerDissem:
         self.settings = BroadcastSettings(stall_timeout_s=cfg.stall_timeout_s)
         self.dis = Disseminator(host, self.store, self.settings, on_unreachable=self.drop)
         self.members: dict[str, Member] = {}
+        #: Relay upload rates the learner measured from the nodes' reports (tree placement).
+        self.rates = RelayRates(cfg.chunk_bytes)
         #: version -> peer id -> its completion report.
         self.have: dict[int, dict[str, HaveVersion]] = {}
         #: version -> wall time its broadcast started.
@@ -127,9 +130,10 @@ class LearnerDissem:
             raise PermissionError("say hello first")
         addrs = tuple(msg.addrs)
         reach = await self.measure(peer_id, addrs)
-        member = Member(peer_id, msg.upload_bps, addrs, reach.reachable, range_of(msg.layers))
+        # placement uses the rates the learner measures (relay_rates.py), never the node's claim
+        member = Member(peer_id, 0.0, addrs, reach.reachable, range_of(msg.layers))
         if self.members.get(peer_id) != member:
-            log.info("dissem: %s registered (%d addrs, %.1f Mbit/s up, %s, %s)", peer_id[-6:], len(msg.addrs),
+            log.info("dissem: %s registered (%d addrs, claims %.1f Mbit/s up, %s, %s)", peer_id[-6:], len(msg.addrs),
                      msg.upload_bps * 8e-6, "reachable" if reach.reachable else "unreachable: a leaf",
                      describe(member.layer_range))
         self.members[peer_id] = member
@@ -153,12 +157,14 @@ class LearnerDissem:
         return reach
 
     def drop(self, peer_id: str) -> None:
+        self.rates.forget(peer_id)
         if self.members.pop(peer_id, None) is not None:
             log.warning("dissem: dropped unreachable node %s from the broadcast plan", peer_id[-6:])
 
     def plan(self, members: list[Member], layer_range: LayerRange = None) -> Plan:
         """The broadcast plan for ``members`` (those serving ``layer_range``), rebuilt only
         when they changed."""
+        members = [dataclasses.replace(m, upload_bps=self.rates.placement_bps(m.peer_id)) for m in members]
         key = (tuple(sorted((m.peer_id, m.upload_bps, m.reachable) for m in members)), self.cfg.mode,
                self.cfg.fan_out, self.cfg.stripes)
         held = self._plans.get(layer_range)
@@ -260,7 +266,7 @@ class LearnerDissem:
         """How long the tree gets to deliver a version before the learner announces it to the
         nodes that have not reported it: a stall timeout per level (plus two), plus the
         transfer time over the slowest known upload link."""
-        known = [m.upload_bps for m in chosen if m.upload_bps > 0]
+        known = [r for r in (self.rates.measured(m.peer_id) for m in chosen) if r is not None]
         transfer = total_bytes / min(known) if known else 0.0
         return self.cfg.stall_timeout_s * (plan.depth() + 2) + transfer
 
@@ -301,6 +307,9 @@ class LearnerDissem:
         if self.store.get(msg.version, range_of(msg.layers)) is None and msg.version not in self.have:
             return HaveAck(ok=False)
         self.have.setdefault(msg.version, {})[peer_id] = msg
+        start = self.started_at.get(msg.version)
+        if start is not None and peer_id in self.members:
+            self.rates.observe(peer_id, msg.sources, time.time() - start, self.members)
         log.info("dissem: %s holds v%d (%d pushed, %d repaired; chunks from %s)", peer_id[-6:], msg.version,
                  msg.pushed, msg.repaired, {p[-6:]: n for p, n in msg.sources.items()})
         self._notify()
