@@ -54,6 +54,10 @@ log = logging.getLogger("echo_swarm.learner")
 #: largest request a node sends, so it gets twice the host's default handler deadline; a node
 #: waits ``NodeConfig.push_timeout_s`` (longer) for the ack.
 PUSH_HANDLER_TIMEOUT_S = 60.0
+#: A node silent this long (no request) and holding no lease is forgotten: one that never
+#: contributed entirely (a passing stranger leaves nothing behind), one that did keeps its
+#: figures for the run's summary but not its hello's free-form fields (s).
+IDLE_FORGET_S = 600.0
 
 
 class Refused(ValueError):
@@ -223,6 +227,23 @@ class LearnerService:
         """Peer id -> the generation backend it announced in its hello (``llamacpp``, ``torch``, ``mlx``)."""
         return {peer: info.hello.backend for peer, info in self.nodes.items()}
 
+    def forget_idle(self, now: float) -> list[str]:
+        """Forget nodes silent for :data:`IDLE_FORGET_S` that hold no lease (see there); returns
+        the peers forgotten entirely. Keeps ``nodes`` bounded by the live and contributing ones."""
+        busy = {le.peer_id for le in self.coordinator.leases.values()}
+        gone = []
+        for peer, n in list(self.nodes.items()):
+            if now - n.last_seen <= IDLE_FORGET_S or peer in busy or self.pipelines.is_stage(peer):
+                continue
+            if n.groups_pushed == 0:
+                del self.nodes[peer]
+                gone.append(peer)
+            elif n.hello.extra or n.hello.addrs:
+                h = n.hello
+                n.hello = Hello(backend=h.backend, device=h.device, memory_bytes=h.memory_bytes,
+                                tokens_per_s=h.tokens_per_s)
+        return gone
+
     def _backend_of(self, peer_id: str) -> str:
         node = self.nodes.get(peer_id)
         return node.hello.backend if node is not None else ""
@@ -282,6 +303,7 @@ class LearnerService:
         except ValueError as e:
             log.warning("refused node %s: %s", short(peer_id), e)
             return self._refusal(str(e))
+        self.forget_idle(now)
         known = peer_id in self.nodes
         self.nodes[peer_id] = NodeInfo(peer_id, msg, joined_at=now, last_seen=now)
         if known:

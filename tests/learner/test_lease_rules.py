@@ -152,3 +152,33 @@ def test_twenty_fresh_ids_that_never_push_do_not_slow_the_steps_of_two_honest_no
     assert all(a <= 2 * b for a, b in zip(attacked, alone)), (attacked, alone)
     print(f"step seconds (virtual): alone {alone}, with 20 fresh ids that never push {attacked}")
     assert max(attacked) < LEASE_TIMEOUT_S / 4
+
+
+def test_idle_strangers_are_forgotten_and_idle_contributors_keep_only_their_figures():
+    from learner.service import IDLE_FORGET_S
+
+    coord = Coordinator(Limits(group_size=G, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
+    coord.add_groups([GroupSpec("g0", [1, 2, 3], "0")])
+    svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=G, run_id="r",
+                                                model_name="m", long_poll_s=1.0))
+    big = Hello(backend="llamacpp", device="cpu", memory_bytes=1, tokens_per_s=1.0,
+                extra={f"k{i}": "x" * 4000 for i in range(60)})
+    big.addrs = ["/ip4/10.0.0.1/tcp/1/p2p/x"]
+
+    async def main():
+        for i in range(50):
+            await svc.on_hello(big, f"stranger-{i}")
+        await svc.on_hello(big, "worker")
+        reply = await svc.on_work(WorkRequest(have_version=-1, max_groups=1), "worker")
+        await svc.on_rollouts(RolloutPush(reply.lease.lease_id, [result("g0")], 1.0, 4), "worker")
+        await svc.on_hello(big, "holder")
+        coord.add_groups([GroupSpec("g1", [1, 2, 3], "1")])
+        await svc.on_work(WorkRequest(have_version=-1, max_groups=1), "holder")  # holds a lease
+        await trio.sleep(IDLE_FORGET_S + 1)
+        await svc.on_hello(Hello(backend="torch", device="cpu", memory_bytes=1, tokens_per_s=1.0), "newcomer")
+        assert sorted(svc.nodes) == ["holder", "newcomer", "worker"]
+        assert svc.nodes["worker"].hello.extra == {} and svc.nodes["worker"].hello.addrs == []
+        assert svc.swarm_summary()["nodes"]["worker"]["groups"] == 1
+        assert svc.nodes["holder"].hello.extra == big.extra  # holds a lease: untouched
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
