@@ -290,7 +290,7 @@ class LearnerConfig:
 
     def validate(self) -> LearnerConfig:
         """Check every section with a ``validate()`` and the rules across sections; returns self."""
-        for section in (self.lora, self.train, self.sync, self.network, self.run):
+        for section in (self.lora, self.train, self.sync, self.network, self.run, self.verify):
             section.validate()
         t, sy = self.train, self.sync
         require(sy.mode != "async" or sy.buffer_limit(t.prompts_per_step) >= t.prompts_per_step,
@@ -399,10 +399,24 @@ class VerifyConfig:
     #: Per backend: most mean |claimed - recomputed| log-prob per token over a group (``default``
     #: for unlisted backends). Calibrated on honest nodes: see ``docs/security.md``.
     max_mean_abs_diff: dict[str, float] = field(default_factory=lambda: {
-        "llamacpp": 0.2, "torch": 0.05, "mlx": 0.2, "default": 0.2})
+        "llamacpp": 0.2, "torch": 0.08, "mlx": 0.2, "default": 0.2})
     #: Most |z| of a group's surprisal excess beyond ``surprisal_slack`` (sampled text has z about
     #: N(0, 1)). Calibrated on honest nodes: see ``docs/benchmarks.md``.
     max_abs_z: float = 4.0
     #: Excess surprisal (nats per token, either sign) tolerated before the z test counts: the
     #: shift of honest quantised nodes, which sample from a slightly different distribution.
     surprisal_slack: float = 0.2
+    #: Precision of the re-scoring pass: ``train`` (the trainer's own: bf16 autocast unless
+    #: ``train.precision = "fp32"``; the thresholds above are calibrated for it) or ``fp32``.
+    precision: Literal["train", "fp32"] = "train"
+    #: Torch threads while re-scoring (0 = the trainer's). The checks run while the learner waits
+    #: for rollouts, beside the nodes when they share the machine: 1 takes one core's compute and
+    #: no more (a pool as wide as the machine slows down sharply on shared cores).
+    torch_threads: int = 1
+
+    def validate(self) -> None:
+        require(0.0 <= self.sample_frac <= 1.0, f"verify.sample_frac must be in [0, 1], got {self.sample_frac}")
+        require(self.first_groups >= 0, f"verify.first_groups must be >= 0, got {self.first_groups}")
+        require(self.budget_s_per_step >= 0, f"verify.budget_s_per_step must be >= 0, got {self.budget_s_per_step}")
+        require(self.precision in ("train", "fp32"), f"verify.precision must be train or fp32, got {self.precision!r}")
+        require(self.torch_threads >= 0, f"verify.torch_threads must be >= 0, got {self.torch_threads}")

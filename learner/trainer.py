@@ -18,6 +18,12 @@ log-softmax, so log-probs are comparable with the nodes' behaviour log-probs.
 The language-model head is applied only at the completion positions (hidden states are
 gathered first), which saves its vocabulary-sized matmul on the prompt tokens.
 
+Rollout verification (:mod:`learner.verify`) scores a group with the same pass
+(:meth:`Trainer.token_stats`: shared prompt, training precision, no gradients) and gets entropy and
+surprisal variance from the same logits; the log-probs it computed are kept until the next
+optimizer step, and :meth:`Trainer.logprobs` (the decoupled loss's proximal pass) takes them
+instead of running those completions again (``logprobs_reused`` in the step's stats).
+
 Several ranks (``dist``, see :mod:`learner.distributed`; the trainer's part
 :class:`learner.trainer_ranks.RankShards`): each update's batch is split into whole
 groups per rank; each rank's loss is normalised by the whole batch's token count and the LoRA
@@ -48,6 +54,11 @@ from learner.grpo import policy_loss
 from learner.memory import ModelShape, plan_micro_batch
 from learner.models import ResolvedModel
 from learner.trainer_ranks import RankShards
+
+
+#: Most (prompt, completion) log-probs :meth:`Trainer.token_stats` keeps for reuse between two
+#: optimizer steps (a few steps' verified groups; beyond it nothing more is kept).
+MAX_KNOWN_LOGPROBS = 4096
 
 
 class Trainer:
@@ -96,6 +107,12 @@ class Trainer:
                                            eps=t.adam_eps, weight_decay=t.weight_decay)
         self._step_mb: int | None = None  # the planned micro-batch of the train_step in progress
         self._timing: dict[str, float] | None = None  # seconds per part of the train_step in progress
+        #: Log-probs that :meth:`token_stats` computed at the training precision and temperature
+        #: under the current weights, per (prompt, completion): :meth:`logprobs` takes them instead of
+        #: a second forward (e.g. the decoupled loss's proximal pass over groups verification scored).
+        #: Emptied by every optimizer step and state load.
+        self._known_logprobs: dict[tuple[tuple[int, ...], tuple[int, ...]], np.ndarray] = {}
+        self._known_used = 0  # log-probs taken from it during the train_step in progress
 
     # -- batching ---------------------------------------------------------------------------
     def _micro_batches(self, batch: Sequence[Any]) -> list[list[int]]:
@@ -126,27 +143,71 @@ class Trainer:
         prompt is run once: its KV cache (with gradients) is repeated n times and only the
         completions go through the model again. For a GRPO group of G this cuts the prompt's
         share of the compute by G (prompts are usually longer than the answers)."""
+        logits = self._shared_prompt_logits(prompt, t["targets"], t["mask"], autocast)  # [n, T, V]
+        logp_all = torch.log_softmax(logits / float(self.train.temperature), dim=-1)
+        return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["loss_mask"]  # [n, T]
+
+    def _shared_prompt_logits(self, prompt: list[int], targets: torch.Tensor, mask: torch.Tensor,
+                              autocast: bool | None = None) -> torch.Tensor:
+        """[n, T, V] float32 logits (not temperature-scaled) at the completion positions of n
+        right-padded completions ``targets`` [n, T] (``mask`` [n, T]: 1 on real tokens) of one prompt:
+        the prompt runs once and its KV cache is repeated n times."""
         use_bf16 = self.bf16_autocast if autocast is None else autocast
         base = self.model.get_base_model()
         decoder, head = base.get_decoder(), base.get_output_embeddings()
-        n, P, T = t["targets"].shape[0], len(prompt), t["targets"].shape[1]
+        n, P, T = targets.shape[0], len(prompt), targets.shape[1]
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
             p_ids = torch.tensor([prompt], dtype=torch.long, device=self.device)  # [1, P]
             first = decoder(input_ids=p_ids, use_cache=True)
             cache = first.past_key_values
             cache.batch_repeat_interleave(n)
             h_last = first.last_hidden_state[:, -1:, :].expand(n, 1, -1)  # [n, 1, H] predicts token 0
-            attn = torch.cat([torch.ones(n, P, dtype=torch.long, device=self.device), t["mask"].long()], dim=1)
+            attn = torch.cat([torch.ones(n, P, dtype=torch.long, device=self.device), mask.long()], dim=1)
             pos = (torch.arange(T, device=self.device) + P).unsqueeze(0).expand(n, -1)  # [n, T]
             hidden = h_last  # [n, 1, H]
             if T > 1:
-                rest = decoder(input_ids=t["targets"][:, :-1], attention_mask=attn[:, :P + T - 1], position_ids=pos[:, :-1],
+                rest = decoder(input_ids=targets[:, :-1], attention_mask=attn[:, :P + T - 1], position_ids=pos[:, :-1],
                                past_key_values=cache, use_cache=True).last_hidden_state  # [n, T-1, H]
                 hidden = torch.cat([h_last, rest], dim=1)  # [n, T, H]: position t predicts completion token t
             logits = head(hidden)  # [n, T, V]
-        logits = logits.float() / float(self.train.temperature)
-        logp_all = torch.log_softmax(logits, dim=-1)
-        return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["loss_mask"]  # [n, T]
+        return logits.float()
+
+    @torch.no_grad()
+    def token_stats(self, prompt_ids: Sequence[int], completions: Sequence[Sequence[int]], temperature: float,
+                    autocast: bool | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per completion of one prompt (a GRPO group), per token t, under the current policy at
+        ``temperature``: the log-prob ``lp_t`` of the token, the policy's entropy ``H_t`` and the
+        variance ``V_t`` of the surprisal ``-log p``, all from the same logits (float64 arrays).
+
+        The pass the trainer takes (rollout verification, :mod:`learner.verify`): the prompt once
+        with its KV cache repeated over the group (:meth:`_shared_prompt_logits`; the whole
+        sequences when ``share_prompt`` is off), bf16 autocast as in training unless ``autocast``
+        says otherwise, the LM head only at completion positions, softmax in float32."""
+        if not completions:
+            return []
+        self.model.eval()
+        samples = [TrainSample(list(prompt_ids), list(c), [0.0] * len(c), 0.0) for c in completions]
+        t = self._tensors(samples)
+        with torch.inference_mode():
+            if self.share_prompt:
+                logits = self._shared_prompt_logits(list(prompt_ids), t["targets"], t["mask"], autocast)
+            else:
+                logits = self._completion_logits(t, autocast)  # [n, T, V]
+            out = []
+            inv_t = 1.0 / max(float(temperature), 1e-6)
+            keep = ((self.bf16_autocast if autocast is None else autocast) == self.bf16_autocast
+                    and float(temperature) == float(self.train.temperature)
+                    and len(self._known_logprobs) + len(completions) <= MAX_KNOWN_LOGPROBS)
+            for i, ids in enumerate(completions):  # row by row: a few [T_i, V] temporaries at a time
+                logp = torch.log_softmax(logits[i, :len(ids)] * inv_t, dim=-1)  # [T_i, V]
+                p = logp.exp()
+                lp = logp.gather(1, t["targets"][i, :len(ids), None])[:, 0]
+                h = -(p * logp).sum(-1)
+                e2 = (p * logp * logp).sum(-1)
+                out.append((lp.double().cpu().numpy(), h.double().cpu().numpy(), (e2 - h * h).double().cpu().numpy()))
+                if keep:  # the training pass's own numbers: reusable by logprobs() until the weights change
+                    self._known_logprobs[(tuple(prompt_ids), tuple(ids))] = lp.float().cpu().numpy()
+        return out
 
     def _tensors(self, samples: Sequence[Any]) -> dict[str, torch.Tensor]:
         """Right-padded tensors of n samples (see :func:`learner.batching.pad_samples`)."""
@@ -178,6 +239,13 @@ class Trainer:
 
     def _completion_logprobs(self, t: dict[str, torch.Tensor], autocast: bool | None = None) -> torch.Tensor:
         """[n, T] log-probs of the completion tokens (temperature-scaled, fp32 log-softmax)."""
+        logits = self._completion_logits(t, autocast) / float(self.train.temperature)  # [n, T, V]
+        logp_all = torch.log_softmax(logits, dim=-1)  # [n, T, V]
+        return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["loss_mask"]  # [n, T]
+
+    def _completion_logits(self, t: dict[str, torch.Tensor], autocast: bool | None = None) -> torch.Tensor:
+        """[n, T, V] float32 logits (not temperature-scaled) at the completion positions of whole
+        right-padded sequences."""
         use_bf16 = self.bf16_autocast if autocast is None else autocast
         base = self.model.get_base_model()
         decoder, head = base.get_decoder(), base.get_output_embeddings()
@@ -185,9 +253,7 @@ class Trainer:
             hidden = decoder(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).last_hidden_state  # [n, L, H]
             idx = t["pos"].unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [n, T, H]
             logits = head(torch.gather(hidden, 1, idx))  # [n, T, V]
-        logits = logits.float() / float(self.train.temperature)  # [n, T, V]
-        logp_all = torch.log_softmax(logits, dim=-1)  # [n, T, V]
-        return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["loss_mask"]  # [n, T]
+        return logits.float()
 
     # -- training ---------------------------------------------------------------------------
     def _minibatches(self, batch: Sequence[Any]) -> list[list[Any]]:
@@ -208,7 +274,7 @@ class Trainer:
         total_tokens = float(sum(loss_tokens(s) for s in batch))
         if total_tokens == 0:
             raise ValueError("batch has no completion tokens")
-        self._step_mb = None
+        self._step_mb, self._known_used = None, 0
         if int(self.train.micro_batch) <= 0:  # plan before any pass: every pass count is fixed by it
             self._step_mb = self.micro_batch_size([batch[i] for i in self.ranks.local_indices(batch)] or batch[:1])
         try:
@@ -237,7 +303,8 @@ class Trainer:
                 ratio_max, ratio_min = max(ratio_max, st["ratio_max"]), min(ratio_min, st["ratio_min"])
         agg.update(ratio_max=ratio_max, ratio_min=ratio_min, tokens=total_tokens, updates=float(len(parts)),
                    sequences=float(len(batch)), step=float(self.step), step_time_s=time.perf_counter() - t0,
-                   time_fwd_bwd_s=self._timing["fwd_bwd"], time_optim_s=self._timing["optim"])
+                   time_fwd_bwd_s=self._timing["fwd_bwd"], time_optim_s=self._timing["optim"],
+                   logprobs_reused=float(self._known_used))
         return agg
 
     def _update(self, batch: Sequence[Any], prox: dict[int, np.ndarray] | None = None) -> dict[str, float]:
@@ -278,6 +345,7 @@ class Trainer:
         max_norm = t.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm > 0 else float("inf"))
         self.optimizer.step()
+        self._known_logprobs.clear()  # scored under the weights this step replaced
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         grad_norm = float(grad_norm)  # waits for the device: the optimizer time below is complete
@@ -297,7 +365,14 @@ class Trainer:
                    TrainSample(list(s.prompt_ids), list(s.completion_ids), [0.0] * len(s.completion_ids), 0.0)
                    for s in batch]
         out: list[np.ndarray | None] = [None] * len(samples)
-        for idxs in self._micro_batches(samples):
+        if autocast is None or autocast == self.bf16_autocast:  # what token_stats scored at these weights
+            for i, s in enumerate(samples):
+                if not getattr(s, "loss_mask", None):
+                    out[i] = self._known_logprobs.get((tuple(s.prompt_ids), tuple(s.completion_ids)))
+            self._known_used += sum(x is not None for x in out)
+        todo = [i for i, x in enumerate(out) if x is None]
+        for part in self._micro_batches([samples[i] for i in todo]) if todo else []:
+            idxs = [todo[j] for j in part]
             lp_t, _ = self._logprobs_of([samples[i] for i in idxs], autocast=autocast)
             lp = lp_t.float().cpu().numpy()  # [n, T]
             for row, i in enumerate(idxs):
@@ -365,6 +440,7 @@ class Trainer:
             raise ValueError(f"adapter state does not match this model: {unexpected[:3]}")
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
+        self._known_logprobs.clear()
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         """Restore what :meth:`save_checkpoint` wrote (same base model and LoRA config)."""

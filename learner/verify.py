@@ -1,15 +1,22 @@
 """Rollout verification: the learner re-scores a sample of pushed groups under the adapter version
 they claim, and refuses nodes whose rollouts were not sampled from that policy.
 
-For every verified group the learner runs its own model (fp32, the lease's version, the run's
+For every verified group the learner runs its own model (the lease's version, the run's
 temperature) over prompt + completion and gets, at each model token t, the recomputed log-prob
 ``lp_t`` of the token, the policy's entropy ``H_t`` and the variance ``V_t`` of the surprisal
-``-log p`` under the policy. Two tests, both pure functions of those numbers (:func:`group_stats`,
+``-log p`` under the policy. The pass is the trainer's own (:meth:`learner.trainer.Trainer.token_stats`):
+the group's prompt once with its KV cache repeated over the completions, the training precision
+(``verify.precision``; bf16 autocast by default), all three figures from the same logits; the
+groups waiting for a check are scored together (:meth:`Verifier.score_groups`), with
+``verify.torch_threads`` threads (1: the checks run while the learner waits for rollouts, beside
+the nodes on a shared machine). Its log-probs stay with the trainer until its next optimizer step,
+so a training step that needs the policy's log-probs before it updates (the decoupled loss's
+proximal pass) takes them instead of a second forward. Two tests, both pure functions of those numbers (:func:`group_stats`,
 :func:`judge`):
 
 1. **Claims** — ``mean |claimed_t - lp_t|`` over the group's model tokens must stay under a
    per-backend threshold (``verify.max_mean_abs_diff``). Honest nodes differ only by their
-   numerics (llama.cpp on Q4_1 weights vs the learner's fp32); made-up log-probs, another
+   numerics (llama.cpp on Q4_1 weights vs the learner's bf16 autocast); made-up log-probs, another
    adapter or another model do not match.
 2. **Likelihood** — text that was really sampled from the policy at temperature T has
    ``E[-log p(x_t)] = H_t`` and variance ``V_t`` at every step, so over the group
@@ -180,54 +187,53 @@ class Verifier:
 
     def score(self, prompt_ids: list[int], completions: list[list[int]], version: int) -> list[Scored] | None:
         """Recompute (blocking; run in a thread). ``None`` if ``version`` is no longer the weights'."""
+        return self.score_groups([(prompt_ids, completions, version)])[0]
+
+    def score_groups(self, groups: list[tuple[list[int], list[list[int]], int]]) -> list[list[Scored] | None]:
+        """:meth:`score` for several groups (prompt ids, completions, version) in one hold of the lock
+        and one torch thread setting: the groups waiting for a check are scored together."""
         with self.lock:  # the time spent waiting for a training step is not verification cost
-            if version != self.weights_version:
-                return None
             t0 = time.perf_counter()
+            threads = torch_threads = None
             try:
-                return self._score(prompt_ids, completions)
+                if self.cfg_threads > 0:
+                    import torch
+
+                    torch_threads, threads = torch, torch.get_num_threads()
+                    torch.set_num_threads(self.cfg_threads)
+                return [self._score(p, c) if v == self.weights_version else None for p, c, v in groups]
             finally:
+                if torch_threads is not None:
+                    torch_threads.set_num_threads(threads)
                 self.spent_s += time.perf_counter() - t0
 
-    def _score(self, prompt_ids: list[int], completions: list[list[int]]) -> list[Scored]:
-        """One decoder pass over the whole group (right-padded: causal attention keeps the padding
-        out of every real position), then the LM head and softmax row by row. Runs with one torch
-        thread: the nodes are generating on the other cores meanwhile, and a thread pool as wide as
-        the machine slows down sharply when it shares the cores."""
-        import torch
+    @property
+    def cfg_threads(self) -> int:
+        """Torch threads while scoring (``verify.torch_threads``; 0 = leave the trainer's)."""
+        return int(getattr(self.cfg, "torch_threads", 0) or 0)
 
-        model, dev, t = self.trainer.model, self.trainer.device, max(float(self.temperature), 1e-6)
-        if not completions:
-            return []
-        model.eval()
-        base = model.get_base_model()
-        decoder, head = base.get_decoder(), base.get_output_embeddings()
-        width = max(len(ids) for ids in completions)
-        rows = [list(prompt_ids) + list(ids) + [0] * (width - len(ids)) for ids in completions]
-        p0 = len(prompt_ids) - 1
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        out = []
-        try:
-            with torch.inference_mode():
-                x = torch.tensor(rows, dtype=torch.long, device=dev)  # [G, P+T]
-                hidden = decoder(input_ids=x).last_hidden_state[:, p0:p0 + width]  # [G, T, H]: t predicts token t
-                for i, ids in enumerate(completions):
-                    logp = torch.log_softmax(head(hidden[i, :len(ids)]).float() / t, dim=-1)  # [T_i, V]
-                    p = logp.exp()
-                    tok = torch.tensor(list(ids), dtype=torch.long, device=dev)
-                    lp = logp.gather(1, tok[:, None])[:, 0]
-                    h = -(p * logp).sum(-1)
-                    e2 = (p * logp * logp).sum(-1)
-                    out.append(Scored(lp.double().cpu().numpy(), h.double().cpu().numpy(),
-                                      (e2 - h * h).double().cpu().numpy()))
-        finally:
-            torch.set_num_threads(threads)
-        return out
+    def _score(self, prompt_ids: list[int], completions: list[list[int]]) -> list[Scored]:
+        """The trainer's own pass over one group (:meth:`learner.trainer.Trainer.token_stats`): the
+        prompt once with its KV cache repeated over the completions, the training precision
+        (``verify.precision = "train"``: bf16 autocast by default) or float32, and log-prob,
+        entropy and surprisal variance from the same logits."""
+        autocast = False if getattr(self.cfg, "precision", "train") == "fp32" else None
+        stats = self.trainer.token_stats(prompt_ids, completions, self.temperature, autocast=autocast)
+        return [Scored(lp, h, v) for lp, h, v in stats]
 
     def check_group(self, peer_id: str, backend: str, prompt_ids: list[int], result) -> str | None:
         """Verify one group (blocking). Returns the failure reason or ``None``."""
-        scored = self.score(prompt_ids, [c.token_ids for c in result.completions], result.version)
+        return self.check_groups([(peer_id, backend, prompt_ids, result)])[0]
+
+    def check_groups(self, items: list[tuple[str, str, list[int], Any]]) -> list[str | None]:
+        """Verify several groups (peer id, backend, prompt ids, pushed ``GroupResult``), scored
+        together (:meth:`score_groups`); per group the failure reason or ``None``."""
+        scores = self.score_groups([(prompt, [c.token_ids for c in result.completions], result.version)
+                                    for _peer, _backend, prompt, result in items])
+        return [self._judge(peer, backend, result, scored)
+                for (peer, backend, _prompt, result), scored in zip(items, scores)]
+
+    def _judge(self, peer_id: str, backend: str, result, scored: list[Scored] | None) -> str | None:
         if scored is None:
             self.skipped += 1
             return None
@@ -259,6 +265,8 @@ class Verifier:
     def take_metrics(self) -> dict[str, float]:
         out = {"verify_groups": self.checked, "verify_skipped": self.skipped, "verify_failed": self.failed,
                "verify_s": round(self.spent_s, 3)}
+        if self.checked:  # the cost of one verified group this step (skipped ones cost nothing to score)
+            out["verify_s_per_group"] = round(self.spent_s / self.checked, 3)
         if self._step_max_diff is not None:  # the margins to the thresholds: this step's largest statistics
             out["verify_max_abs_diff"] = round(self._step_max_diff, 4)
         if self._step_max_z is not None:

@@ -18,6 +18,10 @@ before it takes new work.
 - **Error.** If the check itself raises, the push's held groups are dropped (``verify_error``)
   and pending again for any node; the peer is not blamed.
 
+Batched: the pushes that queued up while the worker was busy are checked together, their picked
+groups scored in one call of the verifier (one hold of its lock, one thread hop) and then judged
+push by push in arrival order.
+
 Bounded: the queue has one entry per push with a picked group (a node's other pushes join its
 outstanding entry), and the entries that still hold groups are at most the coordinator's
 groups in flight (a step's groups in sequential mode, ``sync.max_inflight_groups`` in async
@@ -142,40 +146,62 @@ class VerifyQueue:
                                completions=sizes))
         return hold_id
 
+    def _drain(self) -> list[PendingCheck]:
+        """Every check queued now (taken off the queue, in arrival order)."""
+        out = list(self._items)
+        self._items.clear()
+        return out
+
     async def run(self) -> None:
-        """The worker: check each held push in turn until :meth:`close` or cancellation."""
+        """The worker: check the held pushes until :meth:`close` or cancellation; whatever has
+        queued up meanwhile is checked together (its groups scored in one pass of the verifier,
+        :meth:`learner.verify.Verifier.check_groups`)."""
         with trio.CancelScope() as scope:
             self._scope = scope
             if self.closed:
                 return
             while True:
-                item = await self._get()
+                batch = [await self._get()] + self._drain()
                 try:
-                    await self.check(item)
+                    await self.check_batch(batch)
                 finally:
-                    if self.last.get(item.peer_id) is item:
-                        del self.last[item.peer_id]
+                    for item in batch:
+                        if self.last.get(item.peer_id) is item:
+                            del self.last[item.peer_id]
 
     async def check(self, item: PendingCheck) -> None:
-        """Re-score ``item``'s picked groups one by one (in a worker thread); release, untrust or
-        discard its hold (see the module docstring)."""
+        """Check one held push (:meth:`check_batch` of one)."""
+        await self.check_batch([item])
+
+    async def check_batch(self, items: list[PendingCheck]) -> None:
+        """Re-score the picked groups of ``items`` together (in a worker thread), then per push, in
+        arrival order: release, untrust or discard its hold (see the module docstring)."""
         coord, v = self.coordinator, self.verifier
-        for gid, prompt_ids, result in item.picked:
-            if not coord.holding(item.hold_id):
-                return  # revoked or dropped meanwhile: nothing of this push is left to train
-            try:
-                reason = await trio.to_thread.run_sync(v.check_group, item.peer_id, item.backend, prompt_ids, result,
-                                                       abandon_on_cancel=True)
-            except Exception:
+        live = [item for item in items if coord.holding(item.hold_id)]  # the others were revoked or dropped
+        work = [(item.peer_id, item.backend, prompt_ids, result) for item in live for _gid, prompt_ids, result in item.picked]
+        if not work:
+            return
+        try:
+            reasons = await trio.to_thread.run_sync(v.check_groups, work, abandon_on_cancel=True)
+        except Exception:
+            log.exception("could not verify %d group(s) of %d push(es)", len(work), len(live))
+            for item in live:
                 back = coord.discard_hold(item.hold_id, "verify_error")
-                log.exception("could not verify group %s of %s; %d held group(s) re-issued",
-                              gid, item.peer_id[-6:], len(back))
-                self.changes.notify()
-                return
-            if reason is not None:
-                self.untrust(item.peer_id, f"unverified: group {gid}: {reason}")
-                return
-        released = coord.release(item.hold_id)
-        if released:
-            self.credit(item.peer_id, sum(item.completions.get(g, 0) for g in released))
+                log.warning("verification of %s's push failed to run; %d held group(s) re-issued",
+                            item.peer_id[-6:], len(back))
             self.changes.notify()
+            return
+        at = 0
+        for item in live:
+            mine = reasons[at:at + len(item.picked)]
+            at += len(item.picked)
+            if not coord.holding(item.hold_id):
+                continue  # its peer was untrusted by an earlier push of this batch
+            failed = next(((gid, r) for (gid, _p, _r), r in zip(item.picked, mine) if r is not None), None)
+            if failed is not None:
+                self.untrust(item.peer_id, f"unverified: group {failed[0]}: {failed[1]}")
+                continue
+            released = coord.release(item.hold_id)
+            if released:
+                self.credit(item.peer_id, sum(item.completions.get(g, 0) for g in released))
+                self.changes.notify()

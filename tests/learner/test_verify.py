@@ -110,30 +110,105 @@ def test_the_slack_absorbs_a_small_per_token_shift_but_not_inserted_text():
         assert abs(st.excess_per_token) > 0.5 and judge(st, 0.3, 4.0, slack=0.2).startswith("text unlikely")
 
 
-def test_group_scoring_matches_the_trainers_logprobs_for_ragged_completions(tmp_path):
-    """The batched, right-padded pass scores each completion exactly as the trainer does: a wrong
-    offset or padding that leaks into a real position fails it."""
+def tiny_trainer(tmp_path, precision="autocast", share_prompt=True, **train):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from learner.models import ResolvedModel
     from learner.config import LoraSettings, TrainConfig
-    from learner.trainer import Trainer, TrainSample
+    from learner.models import ResolvedModel
+    from learner.trainer import Trainer
 
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                                  tie_word_embeddings=True)).save_pretrained(tmp_path)
-    trainer = Trainer(ResolvedModel(name="tiny", gguf_path=None, hf_dir=tmp_path),
-                      TrainConfig(lr=5e-5, loss="decoupled", is_cap=2.0, minibatches=1, micro_batch=4, precision="autocast",
-                                  device="cpu", torch_threads=1, seed=0), LoraSettings(rank=4, alpha=8))
+    return Trainer(ResolvedModel(name="tiny", gguf_path=None, hf_dir=tmp_path),
+                   TrainConfig(**{**dict(lr=5e-5, loss="decoupled", is_cap=2.0, minibatches=1, micro_batch=4,
+                                         precision=precision, device="cpu", torch_threads=1, seed=0,
+                                         share_prompt=share_prompt, temperature=0.7), **train}),
+                   LoraSettings(rank=4, alpha=8))
+
+
+def reference_stats(trainer, prompt, ids, temperature):
+    """Whole sequence, float32, no cache: log-prob, entropy and surprisal variance per token."""
+    import torch
+
+    base = trainer.model.get_base_model()
+    with torch.no_grad():
+        logits = base(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float() / temperature
+    logp = torch.log_softmax(logits, -1).double()
+    p = logp.exp()
+    h = -(p * logp).sum(-1)
+    return (logp[torch.arange(len(ids)), torch.tensor(ids)].numpy(), h.numpy(),
+            ((p * logp * logp).sum(-1) - h * h).numpy())
+
+
+@pytest.mark.parametrize("precision,share_prompt", [("train", True), ("fp32", True), ("train", False)])
+def test_group_scoring_matches_the_trainers_logprobs_for_ragged_completions(tmp_path, precision, share_prompt):
+    """The verifier's pass (the trainer's shared-prompt KV reuse, the training precision) scores each
+    completion as the trainer does: the same log-probs as ``Trainer.logprobs`` at that precision, and
+    entropy and variance from the same logits; a wrong offset or padding that leaks into a real
+    position fails it. In fp32 it matches a whole-sequence float32 forward to 1e-4; in bf16 autocast
+    to the precision's rounding."""
+    from learner.trainer import TrainSample
+
+    trainer = tiny_trainer(tmp_path, share_prompt=share_prompt)
     cfg = types.SimpleNamespace(first_groups=2, sample_frac=0.0, budget_s_per_step=0.0,
-                                max_mean_abs_diff={"default": 0.3}, max_abs_z=8.0, surprisal_slack=0.2)
-    v = Verifier(trainer=trainer, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0)
+                                max_mean_abs_diff={"default": 0.3}, max_abs_z=8.0, surprisal_slack=0.2,
+                                precision=precision, torch_threads=1)
+    v = Verifier(trainer=trainer, cfg=cfg, temperature=0.7, top_p=1.0, weights_version=0)
     prompt = [5, 9, 17, 33]
     comps = [[40, 41, 42, 43, 44, 45, 46], [50], [60, 61, 62]]
     scored = v.score(prompt, comps, version=0)
-    want = trainer.logprobs([TrainSample(prompt, c, [0.0] * len(c), 0.0) for c in comps], autocast=False)
+    fp32 = precision == "fp32"
+    want = trainer.logprobs([TrainSample(prompt, c, [0.0] * len(c), 0.0) for c in comps], autocast=False if fp32 else None)
     for s, w, c in zip(scored, want, comps):
         assert s.logprobs.shape == (len(c),) and (s.entropy > 0).all() and (s.variance >= 0).all()
-        np.testing.assert_allclose(s.logprobs, w, atol=1e-4)
+        np.testing.assert_allclose(s.logprobs, w, atol=1e-4 if fp32 else 2e-3)
+        ref = reference_stats(trainer, prompt, c, 0.7)
+        tol = 1e-4 if fp32 else 0.05  # bf16 autocast: within its rounding of the fp32 pass
+        for got, r in zip((s.logprobs, s.entropy, s.variance), ref):
+            np.testing.assert_allclose(got, r, atol=tol)
+    # groups scored together give what they give one by one
+    both = v.score_groups([(prompt, comps, 0), ([7, 8], [[9, 10]], 0), (prompt, comps, 5)])
+    assert both[2] is None  # another version: not scored
+    for a, b in zip(both[0], scored):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
+
+
+def test_the_training_step_takes_the_verifications_logprobs_instead_of_a_second_forward(tmp_path):
+    """Decoupled loss over two minibatches needs the policy's log-probs before the step (pi_prox):
+    for the group verification scored under the same weights they are taken from its pass, not
+    recomputed, and the step is the one it would have been; an optimizer step forgets them."""
+    from learner.trainer import TrainSample
+
+    cfg = types.SimpleNamespace(first_groups=2, sample_frac=0.0, budget_s_per_step=0.0, max_mean_abs_diff={"default": 0.3},
+                                max_abs_z=8.0, surprisal_slack=0.2, precision="train", torch_threads=1)
+    groups = {(5, 9, 17): [[40, 41, 42], [43, 44]], (6, 10): [[50, 51], [52, 53, 54, 55]]}
+    batch = [TrainSample(list(p), c, [-2.0] * len(c), 1.0 if j else -1.0) for p, cs in groups.items()
+             for j, c in enumerate(cs)]
+    stats = []
+    for verified in (True, False):
+        trainer = tiny_trainer(tmp_path / str(verified), minibatches=2, lr=1e-2)
+        v = Verifier(trainer=trainer, cfg=cfg, temperature=0.7, top_p=1.0, weights_version=0)
+        if verified:
+            v.score([5, 9, 17], groups[(5, 9, 17)], version=0)
+            v.score([6, 10], groups[(6, 10)], version=0)
+        st = v.exclusive(trainer.train_step)(batch)
+        assert st["logprobs_reused"] == (4 if verified else 0)
+        assert trainer._known_logprobs == {}  # the weights changed: nothing kept from before
+        stats.append(st)
+    for k in ("loss", "grad_norm", "ratio_mean"):
+        assert math.isclose(stats[0][k], stats[1][k], rel_tol=1e-4, abs_tol=1e-6), k
+
+
+@pytest.mark.parametrize("override", ["verify.torch_threads=-1", 'verify.precision="bf16"', "verify.sample_frac=1.5",
+                                      "verify.first_groups=-1", "verify.budget_s_per_step=-2"])
+def test_the_verify_section_is_validated(override):
+    from learner.config import LearnerConfig
+    from swarm.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError):
+        load_config(LearnerConfig, None, [override]).validate()
+    cfg = load_config(LearnerConfig, None, ["verify.torch_threads=0", 'verify.precision="fp32"']).validate()
+    assert cfg.verify.torch_threads == 0 and cfg.verify.precision == "fp32"

@@ -197,3 +197,34 @@ def test_the_end_of_the_run_does_not_wait_for_a_check_in_progress():
         trio.run(main)
     finally:
         v.gate.set()  # let the abandoned scoring thread end
+
+
+def test_pushes_that_queue_up_meanwhile_are_scored_together_and_judged_one_by_one():
+    """While one check runs, two other nodes' picked pushes queue up; the worker then scores both
+    in one pass of the verifier (one lock hold, one thread hop) and still judges each push on its
+    own: the honest one is released, the cheater untrusted."""
+    svc, v = setup(n_groups=3)
+    coord = svc.coordinator
+    calls: list[int] = []
+    score_groups = v.score_groups
+    v.score_groups = lambda groups: calls.append(len(groups)) or score_groups(groups)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(svc.verify_loop)
+            await join(svc, "A", "B", "cheat")
+            ga, _ = await generate_and_push(svc, "A")
+            assert await trio.to_thread.run_sync(v.started.wait, 5)  # A's check runs, blocked
+            gb, _ = await generate_and_push(svc, "B")
+            gc, _ = await generate_and_push(svc, "cheat", token=CHEAT_TOKEN)
+            assert len(svc.checks) == 2
+            v.gate.set()
+            with trio.fail_after(5):
+                while coord.ready() < 2 or "cheat" not in svc.admission.untrusted:
+                    await svc.wait_changed()
+            assert calls == [1, 2]
+            assert coord.ledger[ga] == coord.ledger[gb] == COMPLETED and coord.ledger[gc] == PENDING
+            assert svc.take_contributions() == {"A": 2, "B": 2}
+            svc.finish()
+
+    trio.run(main)
