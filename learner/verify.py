@@ -144,6 +144,10 @@ class Verifier:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: Groups seen per peer (for "first groups").
     seen: dict[str, int] = field(default_factory=dict)
+    #: Established peers' groups sampled this step (charged to the budget at ``group_s`` each) ...
+    sampled: int = 0
+    #: ... and the measured seconds of one group's check (mean of the last scoring call).
+    group_s: float = 0.0
     #: Figures since the last :meth:`take_metrics`.
     spent_s: float = 0.0
     checked: int = 0
@@ -180,10 +184,19 @@ class Verifier:
         return float(table.get(backend, table.get("default", 1.0)))
 
     def pick(self, peer_id: str) -> bool:
-        n = self.seen.get(peer_id, 0)
+        """Whether to verify ``peer_id``'s next group. A peer's first ``first_groups`` are always
+        verified and are never charged to the step's budget; the budget
+        (``budget_s_per_step``) is spent only by the sampled checks of established peers, at the
+        measured cost of a group each. So a stream of new ids (whose first groups are all
+        checked) cannot use up the budget that keeps sampling the established nodes."""
+        n, u = self.seen.get(peer_id, 0), self._rng.random()
         self.seen[peer_id] = n + 1
-        budget = self.cfg.budget_s_per_step - self.spent_s if self.cfg.budget_s_per_step > 0 else 1.0
-        return wants_check(n, self.cfg.first_groups, self.cfg.sample_frac, budget, self._rng.random())
+        if n < self.cfg.first_groups:
+            return True
+        budget = self.cfg.budget_s_per_step - self.sampled * self.group_s if self.cfg.budget_s_per_step > 0 else 1.0
+        picked = wants_check(n, self.cfg.first_groups, self.cfg.sample_frac, budget, u)
+        self.sampled += picked
+        return picked
 
     def score(self, prompt_ids: list[int], completions: list[list[int]], version: int) -> list[Scored] | None:
         """Recompute (blocking; run in a thread). ``None`` if ``version`` is no longer the weights'."""
@@ -205,7 +218,10 @@ class Verifier:
             finally:
                 if torch_threads is not None:
                     torch_threads.set_num_threads(threads)
-                self.spent_s += time.perf_counter() - t0
+                elapsed = time.perf_counter() - t0
+                self.spent_s += elapsed
+                if groups:
+                    self.group_s = elapsed / len(groups)
 
     @property
     def cfg_threads(self) -> int:
@@ -271,6 +287,6 @@ class Verifier:
             out["verify_max_abs_diff"] = round(self._step_max_diff, 4)
         if self._step_max_z is not None:
             out["verify_max_abs_z"] = round(self._step_max_z, 3)
-        self.spent_s, self.checked, self.skipped, self.failed = 0.0, 0, 0, 0
+        self.spent_s, self.checked, self.skipped, self.failed, self.sampled = 0.0, 0, 0, 0, 0
         self._step_max_diff = self._step_max_z = None
         return out

@@ -187,6 +187,7 @@ class _Sim:
     check: tuple[int, float] | None = None  # (hold id, end time) of the check in progress
     training: bool = False
     spent: float = 0.0  # verification seconds in this step
+    sampled: int = 0  # established nodes' groups sampled this step (charged to the budget)
     seen: dict[str, int] = field(default_factory=dict)
     next_hold: int = 0
 
@@ -230,8 +231,11 @@ class _Sim:
         name = node.spec.name
         seen, u = self.seen.get(name, 0), self.rng.random()
         self.seen[name] = seen + 1
-        budget = r.verify_budget_s - self.spent if r.verify_budget_s > 0 else 1.0
-        if seen < r.verify_first or (budget > 0 and u < r.verify_frac):
+        # the learner's rule: first groups always, uncharged; sampled ones charged at a check each
+        budget = r.verify_budget_s - self.sampled * r.verify_s if r.verify_budget_s > 0 else 1.0
+        sampled = seen >= r.verify_first and budget > 0 and u < r.verify_frac
+        self.sampled += sampled
+        if seen < r.verify_first or sampled:
             h = self.next_hold
             self.next_hold += 1
             self.holds[h], self.held[group], self.node_hold[name] = [group], h, h
@@ -393,7 +397,7 @@ def predict(run: RunSpec, nodes: list[NodeSpec]) -> list[StepRow]:
         sim.pub[sim.version] = sim.t
         sim.expire()
         sim.kill(step)
-        sim.spent = 0.0  # the step's verification budget starts again (Verifier.take_metrics)
+        sim.spent, sim.sampled = 0.0, 0  # the step's verification budget starts again (Verifier.take_metrics)
         sim.start_check()
         sim.dispatch()
         rows.append(StepRow(step, sim.t - t0, idle, run.train_s + lock_wait, g * run.group_size,

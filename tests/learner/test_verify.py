@@ -97,6 +97,22 @@ def test_training_advances_the_weights_version_and_stale_groups_are_skipped():
     assert math.isclose(v.threshold("torch"), 0.3)
 
 
+def test_new_ids_cannot_spend_the_budget_that_samples_established_peers():
+    cfg = types.SimpleNamespace(first_groups=2, sample_frac=1.0, budget_s_per_step=5.0,
+                                max_mean_abs_diff={"default": 0.3}, max_abs_z=8.0)
+    v = Verifier(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0)
+    v.group_s = 1.0  # one check costs a second
+    assert [v.pick("E") for _ in range(2)] == [True, True]  # E's first groups
+    v.take_metrics()
+    # a stream of 40 fresh ids: every first group checked, 80 s of checks, none of it charged ...
+    assert all(v.pick(f"sybil-{i}") for i in range(40) for _ in range(2))
+    v.spent_s = 80.0
+    # ... so the established peer is still sampled, up to the budget: 5 checks of a second
+    assert [v.pick("E") for _ in range(7)] == [True] * 5 + [False] * 2
+    v.take_metrics()  # a new step, a new budget
+    assert v.pick("E")
+
+
 def test_the_slack_absorbs_a_small_per_token_shift_but_not_inserted_text():
     rng = np.random.default_rng(4)
     # an honest node sampling from a slightly different (sharper/flatter) policy: a small shift
