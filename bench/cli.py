@@ -23,7 +23,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "make-model": ("bench.make_model", "write a random-weight HF model of a supported family (llama3, qwen2, qwen3)"),
     "learner": ("bench.learner_bench", "learner training tokens/s and peak memory by device, rank count and model size"),
     "load": ("bench.load", "many simulated nodes (real libp2p hosts) against one learner: leases/pushes per s, latency, memory"),
+    "verify-cost": ("bench.verify_cost", "rollout verification's cost: per verified group, and the default demo with it on and off"),
     "pipeline": ("bench.pipeline", "pipeline-sharded generation: k stage processes vs the whole model; busy, bubble, bytes/token"),
+    "decode": ("bench.decode_bench", "frame decoder cost per byte on realistic messages, and what amplification frames cost"),
 }
 
 

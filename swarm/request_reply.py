@@ -3,7 +3,9 @@ sending one request and one reply per stream.
 
 The client writes one frame (the request message's wire dict), the server answers with one
 envelope frame, ``{"ok": True, "body": {...}}`` or ``{"ok": False, "error": "..."}``, and the
-stream is closed. Frames are described in :mod:`swarm.framing`. Whatever a peer sends, the host
+stream is closed. Each side reads the other's frame under the decode budget of the message it
+expects (``swarm.budget``: the request type's, the reply envelope's), so a frame is refused
+before it is built when it could not be that message. Frames are described in :mod:`swarm.framing`. Whatever a peer sends, the host
 and its other streams keep running: garbage gets the stream reset, a bad message or a failing
 handler gets an error envelope.
 """
@@ -16,6 +18,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from swarm.budget import budget_for, envelope_budget
 from swarm.errors import EndOfStream, FrameError, PeerUnreachable, RemoteError, SwarmTimeout, TruncatedFrame
 from swarm.framing import read_frame, write_frame
 from swarm.host_config import CLEANUP_TIMEOUT_S, MAX_ERROR_CHARS
@@ -84,7 +87,8 @@ class RequestReply:
             peer = "?"
         try:
             try:
-                raw = await read_frame(stream, max_size=cfg.max_frame_bytes, timeout=cfg.frame_timeout_s)
+                raw = await read_frame(stream, max_size=cfg.max_frame_bytes, timeout=cfg.frame_timeout_s,
+                                       budget=budget_for(request_type))
             except EndOfStream:
                 await _cleanup(stream, reset=False)
                 return
@@ -165,7 +169,8 @@ class RequestReply:
                 await write_frame(stream, msg.to_wire(), timeout=timeout,
                                   compress_threshold=cfg.compress_threshold, max_size=cfg.max_frame_bytes)
                 try:
-                    envelope = await read_frame(stream, max_size=cfg.max_frame_bytes, timeout=timeout)
+                    envelope = await read_frame(stream, max_size=cfg.max_frame_bytes, timeout=timeout,
+                                                budget=envelope_budget(reply_type))
                 except EndOfStream as e:
                     raise TruncatedFrame(f"{peer_id} closed the {protocol_id} stream without replying") from e
                 ok = True

@@ -38,6 +38,7 @@ from swarm.chunks.manifest import held_bytes
 from swarm.chunks.store import ChunkStore, from_bitmap
 from swarm.chunks.streams import close_stream
 from swarm.errors import EndOfStream, FrameError, SwarmError
+from swarm.budget import budget_for
 from swarm.framing import read_frame, write_frame
 from swarm.proto import CHUNKS
 from swarm.proto.chunks import MAX_REQUEST_CHUNKS, ChunkReply, ChunkRequest, PeerRef
@@ -237,7 +238,7 @@ class Puller:
         req = ChunkRequest(self.content_id, want)
         await write_frame(stream, req.to_wire(), timeout=s.request_timeout_s, max_size=cap)
         try:
-            raw = await read_frame(stream, max_size=cap, timeout=s.request_timeout_s)
+            raw = await read_frame(stream, max_size=cap, timeout=s.request_timeout_s, budget=budget_for(ChunkReply))
         except EndOfStream as e:
             raise FrameError("the peer closed the chunk stream") from e
         return ChunkReply.from_wire(raw)

@@ -24,6 +24,7 @@ import trio
 from swarm.chunks.store import ChunkStore
 from swarm.chunks.streams import close_stream
 from swarm.errors import EndOfStream, FrameError, SwarmError
+from swarm.budget import budget_for
 from swarm.framing import read_frame, write_frame
 from swarm.proto import CHUNKS
 from swarm.proto.chunks import ChunkFrame, ChunkReply, ChunkRequest
@@ -105,7 +106,7 @@ class ChunkServer:
         try:
             while True:
                 try:
-                    raw = await read_frame(stream, max_size=cap, timeout=s.stream_idle_s)
+                    raw = await read_frame(stream, max_size=cap, timeout=s.stream_idle_s, budget=budget_for(ChunkRequest))
                 except EndOfStream:
                     ok = True
                     return

@@ -55,6 +55,7 @@ from swarm.dissem.manifest import LayerRange, range_of
 from swarm.dissem.store import Assembly, VersionStore
 from swarm.dissem.tree import Plan, TreeNode
 from swarm.errors import EndOfStream, FrameError, SwarmError, SwarmTimeout
+from swarm.budget import budget_for
 from swarm.framing import read_frame, write_frame
 from swarm.proto import DISSEM_PUSH
 from swarm.proto.chunks import ChunkFrame, PeerRef
@@ -248,7 +249,8 @@ class Disseminator:
         s = self.settings
         cap = self.host.config.max_frame_bytes
         try:
-            header = PushHeader.from_wire(await read_frame(stream, max_size=cap, timeout=s.stall_timeout_s))
+            header = PushHeader.from_wire(await read_frame(stream, max_size=cap, timeout=s.stall_timeout_s,
+                                                            budget=budget_for(PushHeader)))
             asm = self.store.accept(header.manifest)
             if header.stripe >= header.stripes:
                 raise WireError(f"stripe {header.stripe} of {header.stripes}")
@@ -295,7 +297,7 @@ class Disseminator:
         try:
             while True:
                 try:
-                    raw = await read_frame(stream, max_size=cap, timeout=s.stall_timeout_s)
+                    raw = await read_frame(stream, max_size=cap, timeout=s.stall_timeout_s, budget=budget_for(ChunkFrame))
                 except EndOfStream:
                     break
                 frame = ChunkFrame.from_wire(raw)

@@ -22,6 +22,7 @@ from typing import Any
 import trio
 
 from swarm.errors import EndOfStream, FrameError, SwarmError, SwarmTimeout
+from swarm.budget import envelope_budget
 from swarm.framing import read_frame, write_frame
 from swarm.pipeline.proto import PIPELINE, StageForward, StageOpen, StageOpened, StageResult
 from swarm.wire import Message, WireError
@@ -80,7 +81,8 @@ class StageLink:
             with trio.fail_after(timeout):
                 await write_frame(self.stream, wire, timeout=timeout, compress_threshold=cfg.compress_threshold,
                                   max_size=cfg.max_frame_bytes)
-                envelope = await read_frame(self.stream, max_size=cfg.max_frame_bytes, timeout=timeout)
+                envelope = await read_frame(self.stream, max_size=cfg.max_frame_bytes, timeout=timeout,
+                                            budget=envelope_budget(reply_type))
         except (EndOfStream, FrameError, SwarmTimeout, trio.TooSlowError) as e:
             raise StageError(f"stage {self.peer_id} lost: {type(e).__name__}: {e}", peer_id=self.peer_id,
                              lost=True) from e

@@ -45,11 +45,11 @@ MAX_TENSOR_ELEMENTS = 64 * 1024 * 1024
 class TensorBlob(Message):
     KIND = "tensor"
     #: One of :data:`WIRE_DTYPES`.
-    dtype: str
+    dtype: str = bounded(max_items=16)
     #: Dimensions, e.g. ``[batch, tokens, hidden]``.
     shape: list[int] = bounded(max_items=8)
     #: ``prod(shape) * itemsize`` raw little-endian bytes, row-major.
-    data: bytes = b""
+    data: bytes = bounded_default(b"", max_items=4 * MAX_TENSOR_ELEMENTS)
 
     def check(self) -> "TensorBlob":
         """Raise :class:`WireError` unless dtype, shape and byte count agree."""
@@ -81,7 +81,7 @@ class StageOpen(Message):
     #: Longest sequence (prompt + completion) the session will reach, for the KV budget.
     max_len: int = bounded(min=1, max=1_000_000)
     #: Dtype of hidden states this stage sends (one of :data:`WIRE_DTYPES`, not ``uint8``).
-    wire_dtype: str = "float32"
+    wire_dtype: str = bounded_default("float32", max_items=16)
     #: Last stage only: sampling temperature (0: greedy), nucleus and the group's seed;
     #: completion ``j`` draws from ``default_rng([seed, j])``.
     temperature: float = bounded_default(1.0, min=0.0, max=10.0)
@@ -110,7 +110,7 @@ class StageForward(Message):
     end: int = bounded(min=1)
     adapter_version: int = bounded(min=-1)
     #: First stage: token ids per batch row (``[batch][tokens]``); empty elsewhere.
-    token_ids: list[list[int]] = field(default_factory=list)
+    token_ids: list[list[int]] = bounded_default([], max_items=4096)
     #: Other stages: the previous stage's output ``[batch, tokens, hidden]``.
     hidden: TensorBlob | None = None
     #: Positions of this step's tokens (shared by every row; rows have equal lengths).

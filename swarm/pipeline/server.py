@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import trio
 
+from swarm.budget import budget_for
 from swarm.errors import EndOfStream, FrameError, SwarmTimeout
 from swarm.framing import read_frame, write_frame
 from swarm.pipeline.proto import PIPELINE, WIRE_DTYPES, StageForward, StageOpen, StageOpened, StageResult
@@ -33,6 +34,8 @@ class StageServerConfig:
     """Limits of a stage server."""
 
     #: Largest frame accepted or sent (bytes); hidden states of a whole group's prompt must fit.
+    #: Only a forward frame can be that big: an open frame is read under its schema's budget
+    #: (about 27 KB), and every frame's decoded objects under ``swarm.budget``'s caps.
     max_frame_bytes: int = 256 * 1024 * 1024
     #: Frames above this size are zstd-compressed; float tensors barely compress, so the
     #: default never compresses (bf16/fp16 wire dtypes are the compression that pays).
@@ -148,12 +151,16 @@ class StageServer:
     async def handle(self, stream: Any, peer: str) -> None:
         cfg, ex = self.config, self.executor
         session_id = None
+        reset = False
         try:
             try:
-                raw = await read_frame(stream, max_size=cfg.max_frame_bytes, timeout=cfg.frame_timeout_s)
+                raw = await read_frame(stream, max_size=cfg.max_frame_bytes, timeout=cfg.frame_timeout_s,
+                                       budget=budget_for(StageOpen))
                 req = StageOpen.from_wire(raw)
             except (EndOfStream, FrameError, SwarmTimeout) as e:
                 log.warning("pipeline stream from %s: no valid open frame: %s", peer, e)
+                if not isinstance(e, EndOfStream):
+                    reset = True  # drop what the peer still sends instead of buffering it
                 return
             except WireError as e:
                 await self._refuse(stream, peer, f"invalid open: {e}")
@@ -177,13 +184,14 @@ class StageServer:
             await self._loop(stream, peer, session_id)
         except Exception as e:  # one bad session never takes the stage down
             log.warning("pipeline session from %s failed: %s: %s", peer, type(e).__name__, e)
+            reset = True
         finally:
             if session_id is not None:
                 self.sessions -= 1
                 ex.close_session(session_id)
             with trio.CancelScope(shield=True), trio.move_on_after(2.0):
                 try:
-                    await stream.close()
+                    await (stream.reset() if reset else stream.close())
                 except Exception:
                     pass
 
@@ -192,7 +200,8 @@ class StageServer:
         step = 0
         while True:
             try:
-                raw = await read_frame(stream, max_size=cfg.max_frame_bytes, timeout=cfg.idle_timeout_s)
+                raw = await read_frame(stream, max_size=cfg.max_frame_bytes, timeout=cfg.idle_timeout_s,
+                                       budget=budget_for(StageForward))
             except EndOfStream:
                 return  # the head is done
             try:

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
 
 from swarm.wire import Message, WireError, bounded
 
+#: Most tensors in one adapter.
+MAX_TENSORS = 100_000
+
 
 @dataclass
 class AdapterRequest(Message):
@@ -24,8 +27,8 @@ class AdapterRequest(Message):
 class TensorBlob(Message):
     KIND = "tensor"
     #: numpy dtype name of ``data`` (``float32`` or ``float16``).
-    dtype: str
-    shape: list[int]
+    dtype: str = bounded(max_items=16)
+    shape: list[int] = bounded(max_items=8)
     #: Raw little-endian bytes, C order.
     data: bytes
 
@@ -38,10 +41,10 @@ class AdapterReply(Message):
     rank: int = bounded(min=1, max=4096)
     alpha: float = bounded(min=0.0)
     #: HF module names the adapter targets, e.g. ``q_proj``.
-    target_modules: list[str]
+    target_modules: list[str] = bounded(max_items=256, max_len=128)
     #: peft state-dict names (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``)
     #: mapped to tensors. Version 0 may be empty (no adapter: the base model).
-    tensors: dict[str, TensorBlob]
+    tensors: dict[str, TensorBlob] = bounded(max_items=MAX_TENSORS)
 
     @classmethod
     def from_adapter(cls, adapter: "LoraAdapter", dtype: str = "float32") -> "AdapterReply":

@@ -26,9 +26,9 @@ class PeerRef(Message):
     """A peer that holds (or will hold) content, and where to dial it."""
 
     KIND = "peer_ref"
-    peer_id: str
+    peer_id: str = bounded(max_items=128)
     #: Multiaddrs (each ending in ``/p2p/<peer id>``) the peer can be dialled on.
-    addrs: list[str] = bounded(max_items=16)
+    addrs: list[str] = bounded(max_items=16, max_len=512)
 
 
 @dataclass
@@ -56,5 +56,5 @@ class ChunkReply(Message):
 
     KIND = "chunk_reply"
     content_id: bytes = bounded(max_items=CONTENT_ID_BYTES)
-    chunks: list[ChunkFrame] = field(default_factory=list)
+    chunks: list[ChunkFrame] = field(default_factory=list, metadata={"max_items": MAX_REQUEST_CHUNKS})
     have: bytes = field(default=b"", metadata={"max_items": (MAX_CHUNKS + 7) // 8})

@@ -16,6 +16,10 @@ from swarm.wire import Message, WireError, bounded, bounded_default
 
 #: Most tensors in one manifest.
 MAX_TENSORS = 100_000
+#: Most children of one node in a broadcast tree (and roots of one stripe).
+MAX_FANOUT = 1024
+#: Most peers named as holders of one version.
+MAX_HOLDERS = 100_000
 #: Highest layer number a layer range may name.
 MAX_LAYER = 1 << 16
 
@@ -61,8 +65,8 @@ class _SignedLayers(_LayersChecked):
 class TensorSpec(Message):
     KIND = "tensor_spec"
     #: peft state-dict name.
-    name: str
-    shape: list[int]
+    name: str = bounded(max_items=512)
+    shape: list[int] = bounded(max_items=8)
 
 
 @dataclass
@@ -73,18 +77,18 @@ class Manifest(_SignedLayers, Message):
 
     KIND = "manifest"
     #: Run the version belongs to (a manifest of another run is never accepted).
-    run_id: str
+    run_id: str = bounded(max_items=256)
     version: int = bounded(min=0)
     #: -1: full encoding; otherwise the version whose decoded tensors this one is a delta of.
     base_version: int = bounded(min=-1)
     #: ``fp32``, ``fp16`` or ``int8`` (see ``swarm.dissem.codec``), then zstd.
-    codec: str
+    codec: str = bounded(max_items=16)
     #: Values per int8 block (ignored by the other codecs).
     block_size: int = bounded(min=1, max=1 << 20)
     #: LoRA rank and alpha, HF target module names.
     rank: int = bounded(min=1, max=4096)
     alpha: float = bounded(min=0.0)
-    target_modules: list[str]
+    target_modules: list[str] = bounded(max_items=256, max_len=128)
     #: Tensors in payload order.
     tensors: list[TensorSpec] = bounded(max_items=MAX_TENSORS)
     #: Payload size before zstd, bytes.
@@ -94,11 +98,11 @@ class Manifest(_SignedLayers, Message):
     #: Chunk size; the last chunk may be shorter.
     chunk_bytes: int = bounded(min=1)
     #: SHA-256 of every chunk, in order.
-    chunk_hashes: list[bytes] = bounded(max_items=MAX_CHUNKS)
+    chunk_hashes: list[bytes] = bounded(max_items=MAX_CHUNKS, max_len=32)
     #: Base58 peer id of the learner that signed it.
-    signer: str
+    signer: str = bounded(max_items=128)
     #: Ed25519 signature (empty while unsigned).
-    signature: bytes = b""
+    signature: bytes = bounded_default(b"", max_items=128)
     #: ``[]``: the whole adapter; ``[start, end]``: only the tensors of decoder layers
     #: ``[start, end)`` (a pipeline stage's slice). Signed, so no relay can relabel a slice.
     layers: list[int] = layers_field()
@@ -110,7 +114,7 @@ class Subtree(Message):
 
     KIND = "subtree"
     peer: PeerRef
-    children: list[Subtree] = field(default_factory=list)
+    children: list[Subtree] = bounded_default([], max_items=MAX_FANOUT)
 
 
 @dataclass
@@ -118,7 +122,7 @@ class StripeTree(Message):
     KIND = "stripe_tree"
     stripe: int = bounded(min=0)
     #: The subtrees the learner feeds directly for this stripe.
-    roots: list[Subtree] = field(default_factory=list)
+    roots: list[Subtree] = bounded_default([], max_items=MAX_FANOUT)
 
 
 @dataclass
@@ -128,15 +132,15 @@ class Instructions(_SignedLayers, Message):
     children and repair sources from here, never from the unsigned header fields."""
 
     KIND = "relay_instructions"
-    run_id: str
+    run_id: str = bounded(max_items=256)
     version: int = bounded(min=0)
     stripes: int = bounded(min=1, max=1024)
     trees: list[StripeTree] = bounded(max_items=1024)
-    holders: list[PeerRef] = bounded(max_items=100_000)
+    holders: list[PeerRef] = bounded(max_items=MAX_HOLDERS)
     #: Base58 peer id of the learner that signed them.
-    signer: str = ""
+    signer: str = bounded_default("", max_items=128)
     #: Ed25519 signature (empty while unsigned).
-    signature: bytes = b""
+    signature: bytes = bounded_default(b"", max_items=128)
     #: The layer range of the manifest these instructions lay out (``[]``: the whole adapter).
     layers: list[int] = layers_field()
 
@@ -149,9 +153,9 @@ class PushHeader(Message):
     stripe: int = bounded(min=0)
     stripes: int = bounded(min=1, max=1024)
     #: Whom the receiver relays this stripe to.
-    children: list[Subtree] = field(default_factory=list)
+    children: list[Subtree] = bounded_default([], max_items=MAX_FANOUT)
     #: Peers that will hold the version: where missing chunks may be fetched from.
-    holders: list[PeerRef] = field(default_factory=list)
+    holders: list[PeerRef] = bounded_default([], max_items=MAX_HOLDERS)
     #: The learner's signed layout for this version (None: an older sender; then the node relays
     #: to nobody and repairs from the learner only).
     instructions: Instructions | None = None
@@ -162,7 +166,7 @@ class DissemJoin(_LayersChecked, Message):
     """A node announces where it can be dialled, its upload bandwidth and the layers it serves."""
 
     KIND = "dissem_join"
-    addrs: list[str] = bounded(max_items=16)
+    addrs: list[str] = bounded(max_items=16, max_len=512)
     #: Upload bandwidth in bytes/s (0 = unknown: placed after the nodes that said).
     upload_bps: float = bounded_default(0.0, min=0.0)
     #: ``[]``: a whole-model node; ``[start, end]``: a pipeline stage that takes only the
@@ -174,7 +178,7 @@ class DissemJoin(_LayersChecked, Message):
 class DissemJoinAck(Message):
     KIND = "dissem_join_ack"
     #: The learner's dissemination mode: ``tree``, ``star`` or ``direct``.
-    mode: str
+    mode: str = bounded(max_items=16)
     #: A push stream silent this long (s) counts as stalled (the node then repairs).
     stall_timeout_s: float = bounded_default(5.0, min=0.01)
     #: How long (s) a node waits for a pushed version before fetching it itself.
@@ -196,7 +200,7 @@ class ManifestRequest(_LayersChecked, Message):
 class ManifestReply(Message):
     KIND = "manifest_reply"
     manifest: Manifest | None = None
-    holders: list[PeerRef] = field(default_factory=list)
+    holders: list[PeerRef] = bounded_default([], max_items=MAX_HOLDERS)
     #: Why there is no manifest (empty when there is one).
     reason: str = ""
 

@@ -21,7 +21,7 @@ Two request/response families beside ``work``:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from swarm.proto import protocol_id
 from swarm.wire import Message, bounded, bounded_default
@@ -38,7 +38,7 @@ class RouteHop(Message):
     start: int = bounded(min=0)
     end: int = bounded(min=1)
     #: Multiaddrs to dial it (each ending in ``/p2p/<peer id>``).
-    addrs: list[str] = bounded(max_items=16)
+    addrs: list[str] = bounded(max_items=16, max_len=512)
 
 
 @dataclass
@@ -46,16 +46,16 @@ class StageAssignment(Message):
     KIND = "stage_assignment"
     #: Learner-unique id of the pipeline (changes whenever the pipeline is re-formed); ``""``:
     #: the node is in no pipeline now (spare, or unplanned) and serves no layers.
-    pipeline_id: str = ""
+    pipeline_id: str = bounded_default("", max_items=256)
     #: This node's layers ``[start, end)`` (0, 0 when it serves none).
     start: int = bounded_default(0, min=0)
     end: int = bounded_default(0, min=0)
     #: Decoder layers of the whole model.
     n_layers: int = bounded_default(0, min=0)
     #: The ordered stages of the pipeline, first (head) to last; this node is one of them.
-    route: list[RouteHop] = field(default_factory=list)
+    route: list[RouteHop] = bounded_default([], max_items=1024)
     #: Nodes that serve a copy of some hop's range (replacements the head may replay into).
-    spares: list[RouteHop] = field(default_factory=list)
+    spares: list[RouteHop] = bounded_default([], max_items=1024)
     #: Adapter version the node should hold (the learner's current one).
     version: int = bounded_default(0, min=0)
     #: Groups the head may keep in flight at once (its lease size).
@@ -80,11 +80,11 @@ class StageReport(Message):
     KIND = "stage_report"
     lease_id: str = bounded(max_items=200)
     #: Groups that finished after replaying a lost stage's inputs into a spare.
-    replayed: list[str] = bounded(max_items=1024)
+    replayed: list[str] = bounded(max_items=1024, max_len=256)
     #: Groups the head could not finish (a stage lost, no spare): back to pending now.
-    failed: list[str] = bounded(max_items=1024)
+    failed: list[str] = bounded(max_items=1024, max_len=256)
     #: Stage peers the head lost during the lease.
-    lost_peers: list[str] = bounded(max_items=64)
+    lost_peers: list[str] = bounded(max_items=64, max_len=128)
     #: The head's reason, for the learner's log.
     reason: str = ""
 
@@ -93,4 +93,4 @@ class StageReport(Message):
 class StageReportAck(Message):
     KIND = "stage_report_ack"
     #: Groups put back to pending by this report.
-    requeued: list[str] = field(default_factory=list)
+    requeued: list[str] = bounded_default([], max_items=1024, max_len=256)

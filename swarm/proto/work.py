@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from swarm.proto.stage import StageAssignment
@@ -21,7 +21,7 @@ class WorkRequest(Message):
     layer_start: int = bounded_default(-1, min=-1)
     layer_end: int = bounded_default(-1, min=-1)
     #: ... and the pipeline those layers were assigned for (``""``: none).
-    pipeline_id: str = ""
+    pipeline_id: str = bounded_default("", max_items=256)
 
 
 @dataclass
@@ -38,19 +38,19 @@ class Sampling(Message):
 class PromptGroup(Message):
     KIND = "prompt_group"
     #: Learner-unique id of this GRPO group (the same id is re-used if the lease is re-issued).
-    group_id: str
+    group_id: str = bounded(max_items=256)
     #: Prompt as token ids, already rendered with the model's chat template by the learner.
     prompt_ids: list[int] = bounded(max_items=65536)
     #: Multi-turn episodes: the problem this group poses, as (split, index) of the lease's task,
     #: so the node can rebuild it (``""``/-1 in single-turn leases).
-    problem_split: str = ""
+    problem_split: str = bounded_default("", max_items=64)
     problem_index: int = bounded_default(-1, min=-1)
 
 
 @dataclass
 class Lease(Message):
     KIND = "lease"
-    lease_id: str
+    lease_id: str = bounded(max_items=256)
     #: Adapter version the node must generate with.
     version: int = bounded(min=0)
     #: Completions per prompt (the GRPO group size).
@@ -62,11 +62,11 @@ class Lease(Message):
     #: ``""``: single turn (one completion per prompt). Otherwise the name of the task whose
     #: environment the node runs: each group is ``group_size`` multi-turn episodes
     #: (``docs/architecture.md``, "Multi-turn episodes"). Older nodes ignore the fields below.
-    episode: str = ""
+    episode: str = bounded_default("", max_items=64)
     #: Multi-turn: the task's seed and options (``tasks.registry.make_task``), so the node
     #: rebuilds exactly the learner's problems, prompts and environment.
     task_seed: int = bounded_default(0, min=0, max=2**63 - 1)
-    task_options: dict[str, Any] = field(default_factory=dict)
+    task_options: dict[str, Any] = bounded_default({}, max_items=64)
     #: Multi-turn: most assistant turns per episode.
     max_turns: int = bounded_default(0, min=0, max=1024)
     #: Multi-turn: most tokens after the initial prompt (model and environment tokens together).
@@ -84,7 +84,7 @@ class WorkReply(Message):
     reason: str = ""
     #: True when the run is over and the node should leave.
     done: bool = False
-    extra: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, str] = bounded_default({}, max_items=64, max_len=4096)
     #: Stage nodes only: the node's (new) place in a pipeline, sent when it differs from what
     #: the node reported holding, or when a newer adapter version should be fetched. Older
     #: nodes ignore it.

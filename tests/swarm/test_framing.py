@@ -91,12 +91,27 @@ def test_round_trip_small_and_nested(eof_raises: bool) -> None:
 
 
 def test_large_body_is_compressed_and_round_trips() -> None:
-    obj = {"logprobs": [-0.5] * 100_000, "blob": bytes(300_000)}
+    rng = random.Random(0)
+    obj = {"logprobs": [-round(rng.random(), 2) for _ in range(100_000)], "blob": bytes(300_000)}
     flags, body = encode_body(obj, compress_threshold=64 * 1024)
     assert flags == FLAG_ZSTD
-    assert len(body) < 100_000
+    assert len(body) < 400_000
     frame = encode_frame(obj)
     assert read_all(frame) == [obj]
+
+
+def test_a_body_inflating_past_max_inflation_is_refused() -> None:
+    """Beyond the first MiB, a body may inflate at most MAX_INFLATION times its size (honest
+    msgpack compresses under 10x); a 1 MiB-compressible bomb never gets that far."""
+    from swarm.framing import DECOMPRESS_STEP_BYTES, MAX_INFLATION
+
+    small = bytes(DECOMPRESS_STEP_BYTES - 100)
+    assert decode_body(*encode_body(small, compress_threshold=0)) == small
+    big = bytes(4 * DECOMPRESS_STEP_BYTES)
+    flags, body = encode_body(big, compress_threshold=0)
+    assert flags == FLAG_ZSTD and len(body) * MAX_INFLATION < len(big)
+    with pytest.raises(FrameTooLarge, match="limit"):
+        decode_body(flags, body)
 
 
 def test_small_and_incompressible_bodies_are_sent_plain() -> None:
@@ -288,3 +303,79 @@ def test_nested_message_validation() -> None:
     assert WorkReply.from_wire({"lease": None, "reason": "batch_full"}).lease is None
     with pytest.raises(WireError):
         Hello.from_wire([1, 2, 3])
+
+
+# ---------------------------------------------------------------------------- decode budgets
+
+
+def test_a_frame_longer_than_its_budget_is_refused_unread() -> None:
+    from swarm.budget import budget_for
+
+    big = Hello(backend="x", device="y" * 200, memory_bytes=1, tokens_per_s=1.0).to_wire()
+    big["padding"] = "z" * 2_000_000  # a valid frame under the cap, but no hello is that long
+    data = encode_frame(big, compress_threshold=1 << 30)
+
+    async def main() -> int:
+        stream = FakeStream(data)
+        with pytest.raises(FrameTooLarge, match="budget"):
+            await read_frame(stream, timeout=TIMEOUT_S, budget=budget_for(Hello))
+        return stream.pos
+
+    assert trio.run(main) == HEADER_SIZE  # the body was never read
+
+
+class PeerStream(FakeStream):
+    """A FakeStream that names its peer like a libp2p stream (``muxed_conn.peer_id``)."""
+
+    def __init__(self, data: bytes, peer: str) -> None:
+        super().__init__(data)
+        self.muxed_conn = type("Conn", (), {"peer_id": peer})()
+
+
+def test_big_frames_are_decoded_off_the_event_loop_one_at_a_time_per_peer() -> None:
+    import threading
+
+    from swarm import framing
+    from swarm.budget import budget_for
+    from swarm.proto.rollouts import Completion, GroupResult, RolloutPush
+
+    push = RolloutPush("L", [GroupResult(f"g{g}", 0, [Completion(list(range(300, 812)), [-0.5] * 512, "stop")
+                                                      for _ in range(8)]) for g in range(8)], 1.0, 1)
+    data = encode_frame(push.to_wire(), compress_threshold=1 << 30)
+    assert len(data) > framing.INLINE_DECODE_BYTES
+    threads: set[int] = set()
+    real = framing.decode_body
+
+    def spy(*a, **kw):
+        threads.add(threading.get_ident())
+        return real(*a, **kw)
+
+    async def main() -> list:
+        out = []
+
+        async def one(peer: str) -> None:
+            out.append(await read_frame(PeerStream(data, peer), timeout=TIMEOUT_S, budget=budget_for(RolloutPush)))
+
+        async with trio.open_nursery() as nursery:
+            for peer in ("a", "a", "b"):
+                nursery.start_soon(one, peer)
+        assert framing._PEER_LOCKS.get() == {}  # every peer's lock released and dropped
+        return out
+
+    framing.decode_body = spy
+    try:
+        got = trio.run(main)
+    finally:
+        framing.decode_body = real
+    assert all(RolloutPush.from_wire(g) == push for g in got) and len(got) == 3
+    assert threading.get_ident() not in threads
+
+
+def test_a_compressed_bomb_inflates_only_as_far_as_its_budget() -> None:
+    from swarm.budget import BudgetExceeded, budget_for
+
+    bomb = zstandard.ZstdCompressor(level=19).compress(b"\xdd" + (60 << 20).to_bytes(4, "big") + b"\x80" * (60 << 20))
+    assert len(bomb) < 10_000
+    for cls_budget in (budget_for(Hello), None):
+        with pytest.raises((FrameTooLarge, BudgetExceeded)):
+            decode_body(FLAG_ZSTD, bomb, budget=cls_budget)
