@@ -34,7 +34,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, get_args, get_origin
 
-from swarm.errors import FrameError
+from swarm.errors import MAX_ERROR_CHARS, FrameError
 
 
 class BudgetExceeded(FrameError):
@@ -412,7 +412,6 @@ def envelope_budget(cls: type) -> Budget:
     """The decode budget of a reply envelope: ``{"ok": bool, "body": cls, "error": str}``
     (plus unknown fields)."""
     from swarm import wire
-    from swarm.host_config import MAX_ERROR_CHARS
 
     body = message_need(cls)
     entries = (_str_need(2).plus(_SCALAR).plus(_str_need(4)).plus(body).plus(_str_need(5))

@@ -16,6 +16,9 @@ never need to know py-libp2p's own exception classes.
 
 from __future__ import annotations
 
+#: Longest error text put in an error envelope or read from one.
+MAX_ERROR_CHARS = 500
+
 import trio
 
 from swarm.wire import WireError

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from swarm.errors import MAX_ERROR_CHARS  # noqa: F401 (re-exported)
 from swarm.framing import DEFAULT_COMPRESS_THRESHOLD, DEFAULT_MAX_FRAME_BYTES
 
 DEFAULT_LISTEN_ADDR = "/ip4/127.0.0.1/tcp/0"
 #: How long (s) addresses learnt through ``connect`` stay in the peerstore for re-dials.
 KNOWN_ADDR_TTL_S = 7 * 24 * 3600
-#: Longest error text put in an error envelope or read from one.
-MAX_ERROR_CHARS = 500
 #: Upper bound (s) on closing / resetting a stream during cleanup.
 CLEANUP_TIMEOUT_S = 2.0
 #: Upper bound (s) on closing the host's connections and listeners at exit.
