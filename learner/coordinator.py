@@ -25,6 +25,7 @@ makes them ``completed`` (trainable), :meth:`Coordinator.revoke_peer` (the peer 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -151,7 +152,7 @@ class Coordinator:
         self.queue.extendleft(reversed(skipped))
         backup = not taken and n > 0 and held == 0
         if backup:  # nothing pending: back up a group held by a peer on probation (lease_rules.py)
-            taken = backup_groups(peer_id, n, self.leases.values(), self.ledger, self.probation, LEASED)
+            taken = backup_groups(peer_id, n, self.leases.values(), self.ledger, self.probation, LEASED, now)
         if not taken:
             return None
         lease = LeaseRecord(
@@ -233,6 +234,15 @@ class Coordinator:
     def next_deadline(self) -> float | None:
         return min((lease.deadline for lease in self.leases.values()), default=None)
 
+    def next_backup_at(self, now: float) -> float | None:
+        """The next time after ``now`` a lease held by a peer on probation becomes old enough to
+        be backed up (``learner/lease_rules.py``); None when none will."""
+        age = self.probation.backup_age()
+        if age is None:
+            return None
+        return min((le.issued_at + age for le in self.leases.values()
+                    if le.issued_at + age > now and self.probation.on_probation(le.peer_id)), default=None)
+
     # -- results ---------------------------------------------------------------------------
     def submit(
         self, peer_id: str, lease_id: str, results: list[GroupResult], now: float
@@ -265,7 +275,7 @@ class Coordinator:
         if lease is not None and lease.lease_id in self.leases and not lease.open_groups:
             del self.leases[lease.lease_id]
         if accepted:
-            self.probation.accepted(peer_id)
+            self.probation.accepted(peer_id, now - lease.issued_at if lease is not None else math.nan)
         return accepted, rejected
 
     def refuse_push(self, peer_id: str, lease_id: str, group_ids: list[str], reason: str) -> dict[str, str]:

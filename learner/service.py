@@ -391,16 +391,18 @@ class LearnerService:
             await self.checks.run()
 
     async def expiry_loop(self) -> None:
-        """Re-issue the groups of leases whose deadline passed (a node died or froze)."""
+        """Re-issue the groups of leases whose deadline passed (a node died or froze), and wake
+        the long polls when a group held by a peer on probation may be backed up."""
         while not self.done:
-            deadline = self.coordinator.next_deadline()
-            with trio.move_on_at(deadline if deadline is not None else float("inf")):
+            now = trio.current_time()
+            times = [t for t in (self.coordinator.next_deadline(), self.coordinator.next_backup_at(now)) if t is not None]
+            with trio.move_on_at(min(times, default=float("inf"))):
                 await self.wait_changed()
                 continue
             requeued = self.coordinator.expire(trio.current_time())
             if requeued:
                 log.warning("lease expired: re-issuing %d group(s): %s", len(requeued), ", ".join(requeued))
-                self.notify()
+            self.notify()
 
 
 def short(peer_id: str) -> str:
