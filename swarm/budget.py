@@ -90,7 +90,7 @@ class Budget:
 #: 1..4 per character; bytes: 33 + 1 per byte; int 28-36; float 24). Small ints (fixints
 #: 0..127), None, True, False and the empty string are shared objects and cost nothing beyond
 #: their slot.
-COST = {"map": 184, "map_entry": 48, "array": 64, "slot": 8, "int": 36, "float": 24,
+COST = {"map": 184, "map_entry": 72, "array": 64, "slot": 8, "int": 36, "float": 24,
         "str": 80, "str_byte": 4, "bin": 40}
 
 #: Frame-wide caps applied to every budget (whatever a schema allows).
