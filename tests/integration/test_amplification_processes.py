@@ -14,7 +14,6 @@ printed (``-s``) and recorded in ``docs/benchmarks.md`` ("Decoding that cannot b
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import pytest
 
 from learner.demo import node_command, stop_processes
 from learner.metrics import read_metrics
+from process_helpers import start, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,24 +33,6 @@ STEPS, PROMPTS, GROUP = 5, 2, 2
 #: Most a process's peak RSS may grow while it is attacked.
 GROWTH_BOUND = 256 * 2**20
 HERE = Path(__file__).parent
-
-
-def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def wait_for(cond, timeout: float, what: str, procs=()):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        for p in procs:
-            if p.poll() is not None:
-                raise AssertionError(f"{what}: process {p.args[:4]} exited with {p.returncode}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def rss(pid: int) -> int:

@@ -7,20 +7,19 @@ step trains a full batch."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from learner.demo import node_command, stop_processes
 from learner.metrics import read_metrics
+from process_helpers import start, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,24 +35,6 @@ def free_port() -> int:
 def learner_cmd(cfg: Path, run_dir: Path, port: int, resume: bool) -> list[str]:
     return [sys.executable, "-m", "learner.cli", "launch", "--config", str(cfg), "--run-dir", str(run_dir),
             "--no-dashboard", "--set", f'network.listen="/ip4/127.0.0.1/tcp/{port}"'] + (["--resume"] if resume else [])
-
-
-def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def wait_for(cond, timeout: float, what: str, procs=()):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        for p in procs:
-            if p.poll() is not None:
-                raise AssertionError(f"{what}: process {p.args[:4]} exited with {p.returncode}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def rows_of(run_dir: Path) -> list[dict]:
