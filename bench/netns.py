@@ -1,21 +1,37 @@
 """Emulated hosts on one machine: Linux network namespaces joined by a bridge, optionally
-with shaped links and hosts behind a NAT router. Shared by the network benchmarks
-(``swarm-bench broadcast``, ``swarm-bench model-fetch``) and the multi-host tests.
+with shaped links and hosts behind NAT routers. Shared by the network benchmarks
+(``swarm-bench broadcast``, ``swarm-bench model-fetch``, ``swarm-bench holepunch``) and the
+multi-host tests.
 
 Layout: a hub namespace holds a bridge ``br0``; the "public" network is ``10.77.0.0/24``
-and exists only inside these namespaces. A public host ``i`` is a namespace joined to the
-bridge by a veth pair and owns ``10.77.0.<i+1>``. A host behind NAT (``nat_hosts``) sits
-behind its own router namespace: the router owns ``10.77.0.<i+1>`` on the bridge and
-``10.78.<i>.1`` on a private link, the host owns ``10.78.<i>.2`` with a default route
-through the router, and the router masquerades (nftables, else iptables) whatever leaves
-on the bridge side. So a NAT'd host can dial every public host, and no public host can
-dial it: its private address has no route outside the router, and the router forwards
-nothing inbound that is not a reply.
+and exists only inside these namespaces. Hosts are numbered ``0..len(tb)-1``:
+
+- hosts ``0..n_hosts-1`` come first. A public one, ``i``, is a namespace joined to the bridge
+  by a veth pair and owns ``10.77.0.<i+1>``. One in ``nat_hosts`` sits behind its own router
+  namespace: the router owns ``10.77.0.<i+1>`` on the bridge and ``10.78.<i>.1`` on a
+  private link, the host owns ``10.78.<i>.2`` with a default route through the router, and
+  the router masquerades (an ``"eim"`` router, below);
+- then, for each :class:`RouterSpec` ``j`` in ``routers``, its ``hosts`` hosts: the router
+  namespace owns ``10.77.0.<n_hosts+j+1>`` on the bridge and ``10.79.<j>.1`` on a LAN bridge,
+  its ``k``-th host owns ``10.79.<j>.<k+2>``. Hosts behind one router reach each other
+  directly over that LAN.
+
+A router's *kind* (:mod:`bench.nat_rules`): ``"eim"`` maps endpoint-independently (masquerade
+keeps the source port: the usual home router, hole punching works), ``"symmetric"`` maps
+endpoint-dependently with random ports (masquerade ``fully-random``: not punchable). Both let
+in only packets of connections opened from behind them, so a NAT'd host can dial every public
+host and no public host can dial it (:meth:`Testbed.forward_port` opens a port)::
+
+    with Testbed(2, routers=(RouterSpec("eim", hosts=2), RouterSpec("symmetric", hosts=2)),
+                 rate_mbit=10) as tb:              # hosts 0-1 public, 2-3 EIM, 4-5 symmetric
+        tb.nat_kind(4)                             # "symmetric"
+        tb.ip(4), tb.public_ip(4)                  # "10.79.1.2", "10.77.0.4" (its router's)
+        tb.popen(4, ["swarm-node", ...])           # a process inside host 4
 
 Shaping (``rate_mbit > 0``): a host's upload is a ``tbf`` qdisc on its own veth end, its
 download a ``tbf`` on the far end (the hub's or the router's). This kernel has no
 ``netem``, so no latency is added here (``BroadcastSettings.send_delay_s`` adds per-chunk
-delay in user space).
+delay in user space). Routers' own links to the hub are not shaped.
 
 Needs root, iproute2 (``ip``, ``tc``) and, for NAT, nftables or iptables (``make test``
 installs them with apt-get when it runs as root). :func:`missing` says what is lacking.
@@ -32,9 +48,13 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.nat_rules import check_kind, iptables_rules, nft_forward_rules, nft_rules
+
 SUBNET = "10.77.0"
 #: The private subnet of NAT'd host ``i`` is ``f"{NAT_SUBNET}.{i}.0/24"``.
 NAT_SUBNET = "10.78"
+#: The LAN of shared router ``j`` is ``f"{LAN_SUBNET}.{j}.0/24"``.
+LAN_SUBNET = "10.79"
 #: tbf bucket size.
 TBF_BURST = "64kb"
 
@@ -66,20 +86,40 @@ def missing(nat: bool = False) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class RouterSpec:
+    """One NAT router with hosts behind it."""
+
+    #: ``"eim"`` (endpoint-independent mapping, punchable) or ``"symmetric"`` (endpoint-dependent, random ports).
+    kind: str = "eim"
+    #: How many hosts sit behind it (1 to 250).
+    hosts: int = 1
+
+    def __post_init__(self) -> None:
+        check_kind(self.kind)
+        if not 1 <= self.hosts <= 250:
+            raise ValueError(f"1 to 250 hosts behind a router, got {self.hosts}")
+
+
 @dataclass
 class Testbed:
-    """``n_hosts`` namespaces on one bridge; hosts in ``nat_hosts`` sit behind a NAT router.
-    Use as a context manager."""
+    """``n_hosts`` namespaces on one bridge (those in ``nat_hosts`` behind their own NAT router),
+    then the hosts behind each of ``routers``. Use as a context manager."""
 
     n_hosts: int
     #: Upload and download rate of every host's link (Mbit/s); 0 leaves links unshaped.
     rate_mbit: float = 0.0
     #: Longest queueing delay (ms) a tbf buffers before dropping (its ``latency`` limit).
     queue_ms: float = 100.0
-    #: Indices of the hosts placed behind their own masquerading router.
+    #: Indices (below ``n_hosts``) of the hosts placed behind their own masquerading (EIM) router.
     nat_hosts: tuple[int, ...] = ()
+    #: Routers shared by several hosts; their hosts are numbered after the first ``n_hosts``.
+    routers: tuple[RouterSpec, ...] = ()
     prefix: str = field(default_factory=lambda: f"es{secrets.token_hex(3)}")
     made: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return self.n_hosts + sum(r.hosts for r in self.routers)
 
     @property
     def hub(self) -> str:
@@ -88,23 +128,53 @@ class Testbed:
     def ns(self, i: int) -> str:
         return f"{self.prefix}h{i}"
 
+    def _slot(self, i: int) -> tuple[int, int] | None:
+        """(router index, position behind it) of host ``i``, or None for the first ``n_hosts``."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"host {i} outside 0..{len(self) - 1}")
+        k = i - self.n_hosts
+        for j, spec in enumerate(self.routers):
+            if 0 <= k < spec.hosts:
+                return j, k
+            k -= spec.hosts
+        return None
+
     def router(self, i: int) -> str:
-        return f"{self.prefix}r{i}"
+        """The namespace of host ``i``'s router."""
+        slot = self._slot(i)
+        return f"{self.prefix}r{i}" if slot is None else f"{self.prefix}g{slot[0]}"
+
+    def nat_kind(self, i: int) -> str:
+        """``"public"``, or the kind of NAT host ``i`` sits behind (``"eim"`` / ``"symmetric"``)."""
+        slot = self._slot(i)
+        if slot is None:
+            return "eim" if i in self.nat_hosts else "public"
+        return self.routers[slot[0]].kind
+
+    def behind(self, j: int) -> list[int]:
+        """The hosts behind shared router ``j``."""
+        first = self.n_hosts + sum(r.hosts for r in self.routers[:j])
+        return list(range(first, first + self.routers[j].hosts))
 
     def ip(self, i: int) -> str:
         """The address host ``i`` owns (and binds): private for a NAT'd host."""
+        slot = self._slot(i)
+        if slot is not None:
+            return f"{LAN_SUBNET}.{slot[0]}.{slot[1] + 2}"
         return f"{NAT_SUBNET}.{i}.2" if i in self.nat_hosts else self.public_ip(i)
 
     def public_ip(self, i: int) -> str:
         """The address others see host ``i``'s connections come from (its router's for NAT)."""
-        return f"{SUBNET}.{i + 1}"
+        slot = self._slot(i)
+        return f"{SUBNET}.{i + 1}" if slot is None else f"{SUBNET}.{self.n_hosts + slot[0] + 1}"
 
     def __enter__(self) -> "Testbed":
-        why = missing(nat=bool(self.nat_hosts))
+        why = missing(nat=bool(self.nat_hosts or self.routers))
         if why:
             raise PermissionError(why)
-        if not 0 < self.n_hosts <= 250:
-            raise ValueError(f"1 to 250 emulated hosts, got {self.n_hosts}")
+        if self.n_hosts < 0 or not 0 < self.n_hosts + len(self.routers) <= 250:
+            raise ValueError(f"1 to 250 emulated hosts and routers on the bridge, got {self.n_hosts} "
+                             f"hosts and {len(self.routers)} routers")
         bad = [i for i in self.nat_hosts if not 0 <= i < self.n_hosts]
         if bad:
             raise ValueError(f"nat_hosts {bad} outside 0..{self.n_hosts - 1}")
@@ -148,44 +218,55 @@ class Testbed:
                 self._shape(self.hub, b)  # download
                 continue
             r = self.router(i)
-            self._add_ns(r)
-            self._veth(r, "wan", self.hub, b)
-            sh("ip", "-n", self.hub, "link", "set", b, "master", "br0")
-            sh("ip", "-n", r, "addr", "add", f"{self.public_ip(i)}/24", "dev", "wan")
+            self._add_router(r, self.public_ip(i), b, "eim")
             self._veth(ns, a, r, "lan")
             sh("ip", "-n", r, "addr", "add", f"{NAT_SUBNET}.{i}.1/24", "dev", "lan")
             sh("ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", a)
             sh("ip", "-n", ns, "route", "add", "default", "via", f"{NAT_SUBNET}.{i}.1")
-            sh("ip", "netns", "exec", r, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-            self._masquerade(r)
             self._shape(ns, a)  # upload
             self._shape(r, "lan")  # download
+        for j, spec in enumerate(self.routers):
+            hosts = self.behind(j)
+            r = self.router(hosts[0])
+            self._add_router(r, self.public_ip(hosts[0]), f"g{j}b", spec.kind)
+            sh("ip", "-n", r, "link", "add", "lan", "type", "bridge")
+            sh("ip", "-n", r, "addr", "add", f"{LAN_SUBNET}.{j}.1/24", "dev", "lan")
+            sh("ip", "-n", r, "link", "set", "lan", "up")
+            for i in hosts:
+                ns, a, port = self.ns(i), f"v{i}a", f"p{i}"
+                self._add_ns(ns)
+                self._veth(ns, a, r, port)
+                sh("ip", "-n", r, "link", "set", port, "master", "lan")
+                sh("ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", a)
+                sh("ip", "-n", ns, "route", "add", "default", "via", f"{LAN_SUBNET}.{j}.1")
+                self._shape(ns, a)  # upload
+                self._shape(r, port)  # download
 
-    def _masquerade(self, r: str) -> None:
+    def _add_router(self, r: str, public_ip: str, hub_end: str, kind: str) -> None:
+        """Router namespace ``r``: ``wan`` on the hub's bridge at ``public_ip``, forwarding and
+        NAT of ``kind`` towards ``lan`` (a link or bridge the caller adds)."""
+        self._add_ns(r)
+        self._veth(r, "wan", self.hub, hub_end)
+        sh("ip", "-n", self.hub, "link", "set", hub_end, "master", "br0")
+        sh("ip", "-n", r, "addr", "add", f"{public_ip}/24", "dev", "wan")
+        sh("ip", "netns", "exec", r, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        self._masquerade(r, kind)
+
+    def _masquerade(self, r: str, kind: str = "eim") -> None:
         if nat_tool() == "nft":
-            rules = ("table ip nat {\n chain postrouting_nat {\n  type nat hook postrouting priority srcnat; policy accept;\n"
-                     "  oifname \"wan\" masquerade\n }\n}\n"
-                     "table ip filter {\n chain forward_nat {\n  type filter hook forward priority 0; policy drop;\n"
-                     "  iifname \"lan\" accept\n  ct state established,related accept\n }\n}\n")
-            sh("ip", "netns", "exec", r, "nft", "-f", "-", input=rules)
+            sh("ip", "netns", "exec", r, "nft", "-f", "-", input=nft_rules(kind))
         else:
-            ipt = ["ip", "netns", "exec", r, "iptables"]
-            sh(*ipt, "-t", "nat", "-A", "POSTROUTING", "-o", "wan", "-j", "MASQUERADE")
-            sh(*ipt, "-P", "FORWARD", "DROP")
-            sh(*ipt, "-A", "FORWARD", "-i", "lan", "-j", "ACCEPT")
-            sh(*ipt, "-A", "FORWARD", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
+            for rule in iptables_rules(kind):
+                sh("ip", "netns", "exec", r, "iptables", *rule)
 
     def forward_port(self, i: int, port: int) -> None:
         """Port forwarding on NAT'd host ``i``'s router: TCP ``public_ip(i):port`` reaches
         ``ip(i):port`` (what an operator sets up on a home router for ``--announce``)."""
-        if i not in self.nat_hosts:
+        if self.nat_kind(i) == "public":
             raise ValueError(f"host {i} is not behind NAT")
         r, dst = self.router(i), f"{self.ip(i)}:{port}"
         if nat_tool() == "nft":
-            rules = (f"table ip nat {{\n chain prerouting_nat {{\n  type nat hook prerouting priority dstnat; "
-                     f"policy accept;\n  iifname \"wan\" tcp dport {port} dnat to {dst}\n }}\n}}\n"
-                     f"add rule ip filter forward_nat iifname \"wan\" ct status dnat accept\n")
-            sh("ip", "netns", "exec", r, "nft", "-f", "-", input=rules)
+            sh("ip", "netns", "exec", r, "nft", "-f", "-", input=nft_forward_rules(port, dst))
         else:
             ipt = ["ip", "netns", "exec", r, "iptables"]
             sh(*ipt, "-t", "nat", "-A", "PREROUTING", "-i", "wan", "-p", "tcp", "--dport", str(port),

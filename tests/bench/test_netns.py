@@ -82,3 +82,61 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="nat_hosts"):
         with Bed(2, nat_hosts=(5,)):
             pass
+
+
+# -- NAT routers shared by several hosts: the mapping each kind gives --------------------------
+PEER_ADDR = ("import socket,sys;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+             "s.bind(('0.0.0.0',int(sys.argv[1])));s.listen();s.settimeout(float(sys.argv[2]))\n"
+             "for _ in range(int(sys.argv[3])):\n c,a=s.accept();print(a[0],a[1],flush=True);c.close()")
+# Two connections at once from one local port (SO_REUSEPORT), to two peers: what a libp2p host
+# that dials from its listening port does.
+TWO_FROM_ONE_PORT = (
+    "import socket,sys\nsocks=[]\n"
+    "for ip in sys.argv[2:]:\n"
+    " c=socket.socket();c.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+    " c.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEPORT,1);c.bind(('0.0.0.0',int(sys.argv[1])))\n"
+    " c.settimeout(5);c.connect((ip,6000));socks.append(c)\n"
+    "for c in socks: c.recv(1)\n")
+
+
+def observed(tb: Bed, i: int, local_port: int) -> list[tuple[str, int]]:
+    """The (address, port) public hosts 0 and 1 see for one local port of host ``i``."""
+    srvs = [tb.popen(p, [sys.executable, "-c", PEER_ADDR, "6000", "10", "1"], stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, text=True) for p in (0, 1)]
+    time.sleep(0.4)
+    res = tb.run(i, [sys.executable, "-c", TWO_FROM_ONE_PORT, str(local_port), tb.ip(0), tb.ip(1)])
+    assert res.returncode == 0, res.stderr
+    out = []
+    for s in srvs:
+        ip, port = s.communicate(timeout=15)[0].split()
+        out.append((ip, int(port)))
+    return out
+
+
+def test_router_kinds_map_as_named(netns_hosts):
+    from bench.netns import RouterSpec
+
+    tb = netns_hosts(2, routers=(RouterSpec("eim", hosts=2), RouterSpec("symmetric", hosts=2)))
+    assert len(tb) == 6 and [tb.nat_kind(i) for i in range(6)] == ["public"] * 2 + ["eim"] * 2 + ["symmetric"] * 2
+    assert tb.public_ip(2) == tb.public_ip(3) != tb.public_ip(4) == tb.public_ip(5)
+    # endpoint-independent: both peers see the router's address and the same (kept) port
+    eim = observed(tb, 2, 41001)
+    assert eim == [(tb.public_ip(2), 41001)] * 2, eim
+    # endpoint-dependent with random ports: two peers see two different ports
+    sym = observed(tb, 4, 41002)
+    assert {ip for ip, _ in sym} == {tb.public_ip(4)} and sym[0][1] != sym[1][1], sym
+    # hosts behind one router reach each other on its LAN; nothing from outside reaches them
+    srv = serve(tb, 3, 5005)
+    assert send(tb, 2, tb.ip(3), 5005).returncode == 0
+    assert srv.communicate(timeout=10)[0].split()[0] == tb.ip(2)
+    for i in (3, 5):
+        assert send(tb, 0, tb.public_ip(i), 5006).returncode != 0
+
+
+def test_router_spec_checks_its_kind():
+    from bench.netns import RouterSpec
+
+    with pytest.raises(ValueError, match="router kind"):
+        RouterSpec("full-cone")
+    with pytest.raises(ValueError, match="hosts"):
+        RouterSpec("eim", hosts=0)
