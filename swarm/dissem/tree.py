@@ -15,10 +15,17 @@ peer id so the plan is deterministic); tree ``s`` takes its interior nodes from 
 upload bandwidth sit nearer the root. Any change of membership (a node joins, leaves or
 reports another bandwidth) gives another plan; the learner rebuilds it before each push.
 
-Reachability (``Member.reachable``, measured by a dial-back, see ``swarm.discovery.reach``):
-a node that cannot be dialled is never an interior (relaying) node, and no relay is asked
-to dial it: it is a leaf the learner feeds itself, in every stripe, over the connection the
-node opened to the learner. The tree is built over the reachable nodes only.
+Links (``links``, a :class:`swarm.discovery.links.Links` snapshot): a parent must be able to
+reach its child over *some* direct connection, which either side may open (connection
+reversal: a NAT'd child dials a dialable parent; two NAT'd peers that punched a hole reconnect
+by a punch). Each tree is filled breadth first: the next node in the stripe's order takes the
+first free slot of a parent it can link with (the learner links with everyone, and takes any
+node no relay can link with as one more root). A node that may not relay
+(:func:`swarm.discovery.links.relay_role`: no way in at all) is a leaf in every tree, placed
+under a parent that can be dialled. With every link present this is the plain heap layout.
+Without ``links`` the old rule holds (``Member.reachable``, measured by a dial-back): a node
+that cannot be dialled is a leaf the learner feeds itself, in every stripe, over the
+connection the node opened to the learner, and the tree is built over the reachable nodes only.
 
 ``star`` mode: the learner sends the whole adapter to every node itself (one stripe, no
 relays), the baseline a tree is compared with.
@@ -28,6 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterable
+
+from swarm.discovery.links import LEARNER, Dial, Links, relay_role
 
 MODES = ("tree", "star")
 
@@ -112,8 +121,35 @@ def heap_tree(order: list[str], fan_out: int, root_children: int) -> list[TreeNo
     return nodes[:root_children]
 
 
-def build_plan(members: Iterable[Member], mode: str = "tree", fan_out: int = 2, stripes: int = 0) -> Plan:
-    """The broadcast plan for ``members``. ``stripes = 0`` means ``fan_out`` stripes."""
+def linked_tree(order: list[str], relays: set[str], fan_out: int, root_children: int, links: Links) -> list[TreeNode]:
+    """The learner's children of one tree over ``order``: breadth first, each node under the
+    first parent with a free slot that can link with it (the learner, with ``root_children``
+    slots, first); only ``relays`` get ``fan_out`` slots; a node nobody can link with becomes
+    one more child of the learner. Equals :func:`heap_tree` when every link exists."""
+    roots: list[TreeNode] = []
+    owners: list[list] = [[None, root_children]]  # [parent TreeNode (None: learner), free slots]
+    first = 0  # owners before this one are full
+    for pid in order:
+        node = TreeNode(pid)
+        while first < len(owners) and owners[first][1] == 0:
+            first += 1
+        for slot in owners[first:]:
+            parent = slot[0]
+            if slot[1] > 0 and links.can_link(parent.peer_id if parent is not None else LEARNER, pid):
+                (parent.children if parent is not None else roots).append(node)
+                slot[1] -= 1
+                break
+        else:
+            roots.append(node)
+        if pid in relays:
+            owners.append([node, fan_out])
+    return roots
+
+
+def build_plan(members: Iterable[Member], mode: str = "tree", fan_out: int = 2, stripes: int = 0,
+               links: Links | None = None) -> Plan:
+    """The broadcast plan for ``members``. ``stripes = 0`` means ``fan_out`` stripes. With
+    ``links`` the trees follow the links (module docstring); without, ``Member.reachable``."""
     if mode not in MODES:
         raise ValueError(f"unknown broadcast mode {mode!r}; known: {MODES}")
     if fan_out < 1:
@@ -124,13 +160,25 @@ def build_plan(members: Iterable[Member], mode: str = "tree", fan_out: int = 2, 
         raise ValueError("duplicate peer ids in the membership")
     if mode == "star":
         return Plan("star", 1, [[TreeNode(p) for p in order]])
-    leaves = [m.peer_id for m in ranked if not m.reachable]
-    order = [m.peer_id for m in ranked if m.reachable]
+    if links is not None:
+        relays = [p for p in order if relay_role(links, p).relay]
+        leaves = [p for p in order if p not in set(relays)]
+    else:
+        relays = [m.peer_id for m in ranked if m.reachable]
+        leaves = [m.peer_id for m in ranked if not m.reachable]
+    order = relays
     stripes = stripes or fan_out
     if stripes < 1:
         raise ValueError(f"stripes must be at least 1, got {stripes}")
     stripes = min(stripes, max(1, len(order) + len(leaves)))
     root_children = max(1, fan_out // stripes)
+    if links is not None:
+        roots = []
+        for s in range(stripes):
+            interior = order[s::stripes]
+            rest = [p for p in order if p not in set(interior)]
+            roots.append(linked_tree(interior + rest + leaves, set(order), fan_out, root_children, links))
+        return Plan("tree", stripes, roots)
     roots = []
     for s in range(stripes):
         interior = order[s::stripes]
@@ -138,6 +186,23 @@ def build_plan(members: Iterable[Member], mode: str = "tree", fan_out: int = 2, 
         trees = heap_tree(interior + rest, fan_out, root_children) if order else []
         roots.append(trees + [TreeNode(p) for p in leaves])
     return Plan("tree", stripes, roots)
+
+
+def link_dials(plan: Plan, links: Links) -> list[Dial]:
+    """Every parent -> child edge of ``plan`` that the child or a punch must open (the learner
+    tells the dialer; :attr:`Dial.needs_instruction`), each pair once, in plan order."""
+    out: list[Dial] = []
+    seen: set[tuple[str, str]] = set()
+    for trees in plan.roots:
+        stack = [(LEARNER, t) for t in trees]
+        while stack:
+            parent, node = stack.pop()
+            d = links.dial(parent, node.peer_id)
+            if d is not None and d.needs_instruction and (d.dialer, d.listener) not in seen:
+                seen.add((d.dialer, d.listener))
+                out.append(d)
+            stack.extend((node.peer_id, c) for c in reversed(node.children))
+    return out
 
 
 def stripe_of(index: int, stripes: int) -> int:
