@@ -4,7 +4,9 @@ kinds can be read and unit-tested without root.
 Two kinds of router, both with address-and-port-dependent *filtering* (conntrack lets in only
 packets that belong to a connection a host behind the router opened; that is also what lets a
 simultaneous TCP open through, since the peer's SYN matches the reply direction of the
-router's own entry):
+router's own entry). Anything else arriving on the WAN side is dropped silently, as home
+routers do: a router that answered an early SYN with a reset would abort the peer's half of
+a simultaneous open before its own host's SYN had made the mapping.
 
 - ``"eim"``: endpoint-independent *mapping*, the usual home router. Linux masquerade keeps a
   connection's source port whenever that leaves its tuple unique, so one private
@@ -37,7 +39,9 @@ def nft_rules(kind: str, wan: str = "wan", lan: str = "lan") -> str:
     return ("table ip nat {\n chain postrouting_nat {\n  type nat hook postrouting priority srcnat; policy accept;\n"
             f"  oifname \"{wan}\" {masq}\n }}\n}}\n"
             "table ip filter {\n chain forward_nat {\n  type filter hook forward priority 0; policy drop;\n"
-            f"  iifname \"{lan}\" accept\n  ct state established,related accept\n }}\n}}\n")
+            f"  iifname \"{lan}\" accept\n  ct state established,related accept\n }}\n"
+            " chain input_nat {\n  type filter hook input priority 0; policy accept;\n"
+            f"  iifname \"{wan}\" ct state established,related accept\n  iifname \"{wan}\" drop\n }}\n}}\n")
 
 
 def iptables_rules(kind: str, wan: str = "wan", lan: str = "lan") -> list[list[str]]:
@@ -46,7 +50,9 @@ def iptables_rules(kind: str, wan: str = "wan", lan: str = "lan") -> list[list[s
     return [["-t", "nat", "-A", "POSTROUTING", "-o", wan, "-j", "MASQUERADE", *extra],
             ["-P", "FORWARD", "DROP"],
             ["-A", "FORWARD", "-i", lan, "-j", "ACCEPT"],
-            ["-A", "FORWARD", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]]
+            ["-A", "FORWARD", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
+            ["-A", "INPUT", "-i", wan, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
+            ["-A", "INPUT", "-i", wan, "-j", "DROP"]]
 
 
 def nft_forward_rules(port: int, dst: str, wan: str = "wan") -> str:
