@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import msgpack
 import trio
@@ -189,10 +189,12 @@ def _reject_ext(code: int, data: bytes) -> Any:
 
 
 def decode_body(flags: int, body: bytes, *, max_size: int = DEFAULT_MAX_FRAME_BYTES,
-                budget: Budget | None = None) -> Any:
+                budget: Budget | None = None, on_scan: Callable[[int], None] | None = None) -> Any:
     """Decode one frame body (after the header) under ``budget`` (see :func:`frame_budget`).
     Raises :class:`FrameError` on anything bad (:class:`~swarm.budget.BudgetExceeded` when the
-    body would cost more than the budget), before building any object."""
+    body would cost more than the budget), before building any object. ``on_scan(n)`` is told
+    the estimated memory of the objects (plus the body's bytes) once the pre-scan passed and
+    before they are built; it may refuse them by raising a :class:`FrameError`."""
     if flags & ~KNOWN_FLAGS:
         raise FrameError(f"unknown frame flags 0x{flags:02x}")
     if len(body) > max_size:
@@ -200,7 +202,9 @@ def decode_body(flags: int, body: bytes, *, max_size: int = DEFAULT_MAX_FRAME_BY
     b = frame_budget(budget, max_size)
     if flags & FLAG_ZSTD:
         body = _decompress(body, b)
-    scan(body, b)
+    memory = scan(body, b)
+    if on_scan is not None:
+        on_scan(memory + len(body))
     try:
         obj = msgpack.unpackb(
             body,
@@ -261,7 +265,8 @@ def _peer_of(stream: Any) -> str | None:
         return None
 
 
-async def _decode_off_loop(stream: Any, flags: int, body: bytes, max_size: int, budget: Budget) -> Any:
+async def _decode_off_loop(stream: Any, flags: int, body: bytes, max_size: int, budget: Budget,
+                           on_scan: Callable[[int], None] | None = None) -> Any:
     """Decode in a worker thread: :data:`DECODE_THREADS` at once in this trio run, and one
     at a time per peer (its other frames wait for that one, not for other peers' frames)."""
     try:
@@ -281,7 +286,8 @@ async def _decode_off_loop(stream: Any, flags: int, body: bytes, max_size: int, 
             await entry[0].acquire()
         try:
             return await trio.to_thread.run_sync(
-                lambda: decode_body(flags, body, max_size=max_size, budget=budget), limiter=limiter)
+                lambda: decode_body(flags, body, max_size=max_size, budget=budget, on_scan=on_scan),
+                limiter=limiter)
         finally:
             if entry is not None:
                 entry[0].release()
@@ -322,9 +328,11 @@ async def read_frame(
             raise
         raise SwarmTimeout(f"no complete frame within {timeout} s") from e
     inflated = b.max_bytes if flags & FLAG_ZSTD else length
+    # an incoming stream admitted by a host's gate charges decoded memory to the peer (swarm.gate)
+    on_scan = getattr(stream, "charge_decoded", None)
     if inflated <= INLINE_DECODE_BYTES:
-        return decode_body(flags, body, max_size=max_size, budget=b)
-    return await _decode_off_loop(stream, flags, body, max_size, b)
+        return decode_body(flags, body, max_size=max_size, budget=b, on_scan=on_scan)
+    return await _decode_off_loop(stream, flags, body, max_size, b, on_scan)
 
 
 async def write_frame(

@@ -40,6 +40,7 @@ import trio
 
 from swarm.dialing import Dialing
 from swarm.errors import PeerUnreachable, SwarmTimeout
+from swarm.gate import StreamGate
 from swarm.host_config import (
     CLEANUP_TIMEOUT_S,
     DEFAULT_LISTEN_ADDR,
@@ -77,6 +78,8 @@ class SwarmHost(RequestReply, Dialing):
         self.libp2p_host = libp2p_host
         self.config = config
         self._known_addrs: dict[str, list[multiaddr.Multiaddr]] = {}
+        #: Budgets of every incoming stream, checked before its handler runs (:mod:`swarm.gate`).
+        self.gate = StreamGate(config.limits)
 
     @property
     def peer_id(self) -> str:
@@ -109,15 +112,15 @@ class SwarmHost(RequestReply, Dialing):
     # -- raw streams: protocols that are not one request and one reply (chunk pushes) --------
     def set_stream_handler(self, protocol_id: str, handler: Callable[[Any, str], Awaitable[None]]) -> None:
         """Serve ``protocol_id`` with a raw stream handler ``handler(stream, peer_id)`` (for
-        protocols that are not one request/one reply). The handler owns the stream."""
+        protocols that are not one request/one reply). The handler owns the stream, which it
+        gets only once the host's budgets admitted it (:class:`swarm.gate.GatedStream`)."""
         from libp2p.custom_types import TProtocol
 
         async def stream_handler(stream: Any) -> None:
-            try:
-                peer = stream.muxed_conn.peer_id.to_base58()
-            except Exception:
-                peer = "?"
-            await handler(stream, peer)
+            async def run(gated: Any) -> None:
+                await handler(gated, gated.peer)
+
+            await self.gate.serve(stream, protocol_id, run)
 
         self.libp2p_host.set_stream_handler(TProtocol(protocol_id), stream_handler)
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from swarm.errors import MAX_ERROR_CHARS  # noqa: F401 (re-exported)
 from swarm.framing import DEFAULT_COMPRESS_THRESHOLD, DEFAULT_MAX_FRAME_BYTES
+from swarm.limits import LimitSettings
 
 DEFAULT_LISTEN_ADDR = "/ip4/127.0.0.1/tcp/0"
 #: How long (s) addresses learnt through ``connect`` stay in the peerstore for re-dials.
@@ -48,9 +49,14 @@ class HostConfig:
     #: Run identify towards every new connection's peer (py-libp2p's default; the DHT needs
     #: it). Off for hosts that need neither a peer's protocol list nor its identify addresses.
     identify_on_connect: bool = True
+    #: Budgets per connection, peer id and address block, enforced on every incoming stream
+    #: before its handler runs (:mod:`swarm.limits`, :mod:`swarm.gate`).
+    limits: LimitSettings = field(default_factory=LimitSettings)
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
+            if name == "limits":
+                continue
             if name in ("max_concurrent_handshakes", "identify_on_connect"):
                 if not value >= 0:
                     raise ValueError(f"HostConfig.{name} must not be negative, got {value!r}")

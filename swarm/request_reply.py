@@ -21,6 +21,7 @@ import trio
 from swarm.budget import budget_for, envelope_budget
 from swarm.errors import EndOfStream, FrameError, PeerUnreachable, RemoteError, SwarmTimeout, TruncatedFrame
 from swarm.framing import read_frame, write_frame
+from swarm.gate import RateLimited, refuse
 from swarm.host_config import CLEANUP_TIMEOUT_S, MAX_ERROR_CHARS
 from swarm.wire import Message, WireError
 
@@ -60,7 +61,7 @@ def _unwrap(envelope: Any, reply_type: type[R], peer_id: str, protocol_id: str) 
 
 class RequestReply:
     """``set_handler`` (server side) and ``request`` (client side). Needs ``libp2p_host``,
-    ``config`` and ``_open_stream`` from :class:`swarm.host.SwarmHost`."""
+    ``config``, ``gate`` and ``_open_stream`` from :class:`swarm.host.SwarmHost`."""
 
     # ------------------------------------------------------------------ server side
 
@@ -69,12 +70,15 @@ class RequestReply:
         timeout_s: float | None = None,
     ) -> None:
         """Serve ``protocol_id``: each stream carries one ``request_type`` request and gets
-        one reply. ``handler(msg, peer_id)`` returns the reply message within ``timeout_s``
+        one reply, once the host's budgets admitted the stream (``self.gate``, :mod:`swarm.gate`). ``handler(msg, peer_id)`` returns the reply message within ``timeout_s``
         (default ``config.handler_timeout_s``)."""
         from libp2p.custom_types import TProtocol
 
         async def stream_handler(stream: Any) -> None:
-            await self._serve(stream, protocol_id, request_type, handler, timeout_s)
+            async def run(gated: Any) -> None:
+                await self._serve(gated, protocol_id, request_type, handler, timeout_s)
+
+            await self.gate.serve(stream, protocol_id, run)
 
         self.libp2p_host.set_stream_handler(TProtocol(protocol_id), stream_handler)
 
@@ -91,6 +95,9 @@ class RequestReply:
                                        budget=budget_for(request_type))
             except EndOfStream:
                 await _cleanup(stream, reset=False)
+                return
+            except RateLimited as e:  # logged by the gate (rate-limited)
+                await refuse(stream, str(e))
                 return
             except (FrameError, SwarmTimeout) as e:
                 log.warning("reset %s stream from %s: %s: %s", protocol_id, peer, type(e).__name__, e)

@@ -14,6 +14,7 @@ adapter chunks are zstd output already). Chunks are read in a thread (disk store
 
 from __future__ import annotations
 
+import itertools
 import logging
 import weakref
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from swarm.chunks.streams import close_stream
 from swarm.errors import EndOfStream, FrameError, SwarmError
 from swarm.budget import budget_for
 from swarm.framing import read_frame, write_frame
+from swarm.gate import RateLimited, refuse
 from swarm.proto import CHUNKS
 from swarm.proto.chunks import ChunkFrame, ChunkReply, ChunkRequest
 from swarm.wire import WireError
@@ -103,16 +105,23 @@ class ChunkServer:
     async def _on_stream(self, stream, peer: str) -> None:
         s, cap = self.settings, self.host.config.max_frame_bytes
         ok = False
+        # every request frame after the stream's first counts against the peer's request budget
+        next_request = getattr(stream, "next_request", None)
         try:
-            while True:
+            for n in itertools.count():
                 try:
                     raw = await read_frame(stream, max_size=cap, timeout=s.stream_idle_s, budget=budget_for(ChunkRequest))
+                    if n and next_request is not None:
+                        next_request()
                 except EndOfStream:
                     ok = True
                     return
                 reply = await self.on_chunks(ChunkRequest.from_wire(raw), peer)
                 await write_frame(stream, reply.to_wire(), timeout=s.write_timeout_s, compress_threshold=cap,
                                   max_size=cap)
+        except RateLimited as e:  # logged by the gate; the puller gets the reason and asks elsewhere
+            await refuse(stream, str(e))
+            ok = True
         except (SwarmError, FrameError, WireError) as e:
             log.info("chunk stream from %s ended: %s: %s", peer[-8:], type(e).__name__, e)
         except Exception as e:  # a failing read must never take the host down

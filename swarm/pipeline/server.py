@@ -23,6 +23,7 @@ import trio
 from swarm.budget import budget_for
 from swarm.errors import EndOfStream, FrameError, SwarmTimeout
 from swarm.framing import read_frame, write_frame
+from swarm.gate import RateLimited, refuse
 from swarm.pipeline.proto import PIPELINE, WIRE_DTYPES, StageForward, StageOpen, StageOpened, StageResult
 from swarm.wire import WireError
 
@@ -157,6 +158,8 @@ class StageServer:
                 raw = await read_frame(stream, max_size=cfg.max_frame_bytes, timeout=cfg.frame_timeout_s,
                                        budget=budget_for(StageOpen))
                 req = StageOpen.from_wire(raw)
+            except RateLimited:
+                raise
             except (EndOfStream, FrameError, SwarmTimeout) as e:
                 log.warning("pipeline stream from %s: no valid open frame: %s", peer, e)
                 if not isinstance(e, EndOfStream):
@@ -182,6 +185,8 @@ class StageServer:
             await self._send(stream, _envelope_ok(StageOpened(ex.start, ex.end, ex.n_layers, ex.adapter_version,
                                                               ex.end == ex.n_layers)))
             await self._loop(stream, peer, session_id)
+        except RateLimited as e:  # the host's budgets (logged by its gate): the head gets the reason
+            await refuse(stream, str(e))
         except Exception as e:  # one bad session never takes the stage down
             log.warning("pipeline session from %s failed: %s: %s", peer, type(e).__name__, e)
             reset = True
