@@ -1,0 +1,86 @@
+"""One peer of a hole-punch experiment across emulated hosts, on echo-swarm's hosts and
+:class:`swarm.nat.service.NatService` (used by ``swarm-bench holepunch`` and the tests)::
+
+    python -m bench.holepunch_peer relay PORT               # prints ADDR <multiaddr>, serves a relay
+    python -m bench.holepunch_peer listen PORT RELAY_ADDR   # reserves, prints CIRCUIT <multiaddr>
+    python -m bench.holepunch_peer punch RELAY_ADDR PEER N  # N attempts, one JSON line each
+
+``punch`` opens a fresh host (new identity and port) for every attempt, so each one starts with
+no connection and no NAT mapping left over from the last; it opens a circuit to PEER through the
+relay, then :meth:`~swarm.nat.service.NatService.punch` (one DCUtR attempt, no retries: the
+benchmark counts first attempts). Every process runs until its stdin closes (or, for ``punch``,
+until its attempts are done).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+
+import trio
+
+
+async def _until_stdin_closes() -> None:
+    await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+
+
+async def serve(port: int, relay_addr: str | None) -> None:
+    from swarm.host import open_host
+    from swarm.nat.config import NatConfig
+    from swarm.nat.service import NatService
+
+    with tempfile.TemporaryDirectory(prefix="es-hp-") as tmp:
+        async with open_host(tmp, listen_addr=f"/ip4/0.0.0.0/tcp/{port}") as host:
+            nat = NatService(host, NatConfig(serve_relay=relay_addr is None))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(nat.run)
+                if relay_addr is None:
+                    print("ADDR", host.addrs[0], flush=True)
+                else:
+                    print("CIRCUIT", await nat.reserve(relay_addr), flush=True)
+                await _until_stdin_closes()
+                nursery.cancel_scope.cancel()
+
+
+async def punch(relay_addr: str, peer: str, n: int, timeout_s: float) -> None:
+    from swarm.host import open_host
+    from swarm.nat.config import NatConfig
+    from swarm.nat.service import NatService
+
+    circuit = f"{relay_addr}/p2p-circuit/p2p/{peer}"
+    cfg = NatConfig(punch_attempts=1, punch_timeout_s=timeout_s)
+    for i in range(n):
+        with tempfile.TemporaryDirectory(prefix="es-hp-") as tmp:
+            async with open_host(tmp, listen_addr="/ip4/0.0.0.0/tcp/0") as host:
+                nat = NatService(host, cfg)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(nat.run)
+                    try:
+                        await nat.connect_relayed(circuit)
+                        out = (await nat.punch(peer, circuit)).to_json()
+                    except Exception as e:  # a failed circuit is a failed attempt, reported
+                        out = {"ok": False, "how": "failed", "seconds": None, "reason": f"{type(e).__name__}: {e}"}
+                    print(json.dumps({"attempt": i, **out}), flush=True)
+                    nursery.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    from swarm.quiet import quiet_libp2p
+
+    quiet_libp2p()
+    if args[:1] == ["relay"] and len(args) == 2:
+        trio.run(serve, int(args[1]), None)
+    elif args[:1] == ["listen"] and len(args) == 3:
+        trio.run(serve, int(args[1]), args[2])
+    elif args[:1] == ["punch"] and len(args) in (4, 5):
+        trio.run(punch, args[1], args[2], int(args[3]), float(args[4]) if len(args) == 5 else 20.0)
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""Pure decisions of NAT traversal: the kind of NAT from what peers observe, the wait between
+hole-punch attempts, and the role a node can take in plain words (``swarm-node doctor``).
+
+Mapping kinds (RFC 4787's terms):
+
+- ``"public"``: every observer sees one of our own interface addresses at our own port: no NAT
+  between us and them (a firewall may still block inbound dials: the dial-back tells);
+- ``"eim"``: endpoint-independent mapping: one local port appears as the same public address
+  and port to every observer. The usual home router; hole punching works;
+- ``"symmetric"``: endpoint-dependent mapping: observers see different public ports (or
+  addresses) for one local port. A hole punch cannot predict the port; the node is reached
+  through connections it opens itself, or a relay;
+- ``"unknown"``: fewer than two observers answered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PUBLIC, EIM, SYMMETRIC, UNKNOWN = "public", "eim", "symmetric", "unknown"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one observer saw of one local port."""
+
+    observer: str
+    ip: str
+    port: int
+
+
+@dataclass(frozen=True)
+class NatVerdict:
+    kind: str
+    #: Plain words: what was seen.
+    reason: str
+
+
+def parse_ip_tcp(addr: str) -> tuple[str, int] | None:
+    """``(ip, port)`` of an ``/ip4|ip6/<ip>/tcp/<port>[/...]`` multiaddr, else None."""
+    parts = addr.split("/")
+    if len(parts) < 5 or parts[0] != "" or parts[1] not in ("ip4", "ip6") or parts[3] != "tcp":
+        return None
+    try:
+        port = int(parts[4])
+    except ValueError:
+        return None
+    return (parts[2], port) if 0 < port < 65536 else None
+
+
+def classify_mapping(local_ips: list[str], local_port: int, observations: list[Observation]) -> NatVerdict:
+    """The mapping kind from ``observations`` of one local port (``local_port``) by different
+    observers (the first observation of each observer counts)."""
+    first: dict[str, Observation] = {}
+    for o in observations:
+        first.setdefault(o.observer, o)
+    seen = list(first.values())
+    if len(seen) < 2:
+        return NatVerdict(UNKNOWN, f"{len(seen)} peer(s) reported our address; two are needed")
+    views = sorted({(o.ip, o.port) for o in seen})
+    shown = ", ".join(f"{ip}:{port}" for ip, port in views)
+    if all(o.ip in local_ips and o.port == local_port for o in seen):
+        return NatVerdict(PUBLIC, f"{len(seen)} peers see our own address {shown}: no NAT in between")
+    if len(views) == 1:
+        ip, port = views[0]
+        kept = "the same port" if port == local_port else f"port {port} for our {local_port}"
+        return NatVerdict(EIM, f"{len(seen)} peers see us at {ip}:{port} ({kept}): endpoint-independent "
+                               "mapping, hole punching can work")
+    return NatVerdict(SYMMETRIC, f"{len(seen)} peers see one local port at {len(views)} different public "
+                                 f"addresses ({shown}): endpoint-dependent (symmetric) mapping, hole punching "
+                                 "cannot predict the port")
+
+
+def backoff_s(attempt: int, base_s: float, max_s: float) -> float:
+    """Wait before attempt ``attempt`` (0-based): none before the first, then ``base_s``,
+    doubling, at most ``max_s``."""
+    if attempt <= 0:
+        return 0.0
+    return min(max_s, base_s * 2 ** (attempt - 1))
+
+
+@dataclass(frozen=True)
+class DoctorRole:
+    #: ``"interior relay"`` (dialable, or reached by hole punches) or ``"leaf"``.
+    role: str
+    #: Whether a pipeline stage here can be reached by the previous stage.
+    stage: bool
+    #: Plain words for the operator.
+    why: str
+    #: Exit status for scripts: 0 relays and serves, 1 a leaf only, 2 could not check.
+    exit_code: int
+
+
+def doctor_role(kind: str, dialable: bool | None, punched: bool | None) -> DoctorRole:
+    """The role a node takes from its NAT kind, the dial-back (None: not tried) and a hole
+    punch with a NAT'd peer (None: not tried)."""
+    if dialable:
+        return DoctorRole("interior relay", True, "other peers can dial this machine: it can relay adapter chunks, "
+                          "serve model chunks and be any pipeline stage", 0)
+    if punched:
+        return DoctorRole("interior relay", True, "behind NAT, but a hole punch worked: it relays to peers it "
+                          "punches through to and is reached by dialable peers through connection reversal; it "
+                          "can be a pipeline stage", 0)
+    if kind == UNKNOWN and dialable is None:
+        return DoctorRole("unknown", False, "the checks could not run: is the bootstrap address right?", 2)
+    if kind == SYMMETRIC:
+        why = ("behind a symmetric NAT: hole punching cannot work, so it is a leaf (fed over connections it opens "
+               "itself); forward a TCP port and pass --listen/--announce to make it a relay")
+    elif punched is False:
+        why = ("behind NAT and the hole punch failed: a leaf (fed over connections it opens itself); forward a TCP "
+               "port and pass --listen/--announce to make it a relay")
+    else:
+        why = ("not dialable and no hole punch could be tried: a leaf unless a punch with another node works "
+               "once it joins; forwarding a TCP port makes it a relay for sure")
+    return DoctorRole("leaf", False, why, 1)

@@ -1,0 +1,299 @@
+"""NAT traversal on a running :class:`swarm.host.SwarmHost`: circuit relay v2 (served when
+``NatConfig.serve_relay``, used as a client always), DCUtR hole punching with retries and
+backoff, and the two NAT checks other peers ask of us (``swarm.proto.nat``)::
+
+    nat = NatService(host, NatConfig(serve_relay=True))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(nat.run)
+        await nat.reserve(relay_addr)              # a NAT'd peer: be reachable via the relay
+        out = await nat.punch(peer_id, f"{relay_addr}/p2p-circuit/p2p/{peer_id}")
+        out.ok, out.how, out.seconds               # also in nat.book, per pair of peers
+
+The relay is for signalling: its caps (``relay_circuit_bytes``, ``relay_circuit_s``,
+``relay_max_circuits``, ``relay_max_reservations``) stop it carrying bulk data; bulk data goes
+over direct links.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import multiaddr
+import trio
+
+from swarm.addrs import connection_remote_ip, is_loopback, split_peer_id
+from swarm.errors import PeerUnreachable, SwarmError
+from swarm.nat.config import NatConfig
+from swarm.nat.kinds import backoff_s
+from swarm.nat.records import ALREADY, FAILED, PUNCHED, PunchBook, PunchOutcome
+from swarm.proto.nat import (
+    MAX_ADDRS,
+    NAT_DIALBACK,
+    NAT_OBSERVE,
+    DialBackReply,
+    DialBackRequest,
+    Observed,
+    ObserveRequest,
+)
+
+log = logging.getLogger(__name__)
+
+CIRCUIT = "/p2p-circuit"
+
+
+def _conn_addrs(conn: Any) -> list[str]:
+    try:
+        return [str(a) for a in conn.get_transport_addresses()]
+    except Exception:
+        return []
+
+
+def _remote_ip_port(conn: Any) -> tuple[str, int] | None:
+    try:
+        remote = conn.muxed_conn.get_remote_address()
+    except Exception:
+        return None
+    if isinstance(remote, tuple) and len(remote) >= 2:
+        return str(remote[0]), int(remote[1])
+    return None
+
+
+class NatService:
+    """Relay, hole punching and NAT checks of one host. Build it whole, start :meth:`run` in a
+    nursery, then call the other methods."""
+
+    def __init__(self, host: Any, config: NatConfig | None = None, book: PunchBook | None = None) -> None:
+        from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+        from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+        from libp2p.relay.circuit_v2.resources import RelayLimits
+        from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+
+        from swarm.nat.dcutr import PunchingDCUtR
+
+        self.host = host
+        self.config = config or NatConfig()
+        #: Every punch outcome, per pair of peers.
+        self.book = book if book is not None else PunchBook()
+        cfg = self.config
+        limits = RelayLimits(duration=cfg.relay_circuit_s, data=cfg.relay_circuit_bytes,
+                             max_circuit_conns=cfg.relay_max_circuits, max_reservations=cfg.relay_max_reservations)
+        lh = host.libp2p_host
+        self._relay = CircuitV2Protocol(lh, limits=limits, allow_hop=cfg.serve_relay)
+        roles = RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if cfg.serve_relay else RelayRole(0))
+        self._transport = CircuitV2Transport(lh, self._relay, RelayConfig(roles=roles, limits=limits))
+        self._dcutr = PunchingDCUtR(lh, dial_timeout=max(1, round(cfg.punch_timeout_s / 5)))
+        self._dialbacks = trio.Semaphore(cfg.dialback_concurrency)
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ service
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        from libp2p.tools.anyio_service import background_trio_service
+
+        self.host.set_handler(NAT_OBSERVE, ObserveRequest, self._on_observe)
+        self.host.set_handler(NAT_DIALBACK, DialBackRequest, self._on_dialback,
+                              timeout_s=self.config.relay_timeout_s + 10)
+        async with background_trio_service(self._relay), background_trio_service(self._dcutr):
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                log.info("nat: %s (relay %s)", self.host.peer_id, "served" if self.config.serve_relay else "client only")
+                task_status.started()
+                await trio.sleep_forever()
+
+    # ------------------------------------------------------------------ relay
+    async def reserve(self, relay_addr: str) -> str:
+        """Reserve a slot at the relay ``relay_addr`` (``.../p2p/<relay id>``): peers can then
+        reach us at the returned circuit address. Raises :class:`SwarmError` on refusal."""
+        from libp2p.peer.id import ID
+        from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID
+
+        if self._nursery is None:
+            raise SwarmError("NatService.run is not started")
+        _, relay_id = split_peer_id(relay_addr)
+        if relay_id is None:
+            raise SwarmError(f"relay address needs /p2p/<id>: {relay_addr}")
+        with trio.fail_after(self.config.relay_timeout_s):
+            await self.host.connect(relay_addr)
+            stream = await self.host.libp2p_host.new_stream(ID.from_base58(relay_id), [PROTOCOL_ID])
+            ok = await self._transport.reserve(stream, ID.from_base58(relay_id), self._nursery)
+        if not ok:
+            raise SwarmError(f"relay {relay_id} refused a reservation")
+        return f"{relay_addr}{CIRCUIT}/p2p/{self.host.peer_id}"
+
+    async def connect_relayed(self, circuit_addr: str) -> str:
+        """Open a connection to a peer through a relay (``<relay addr>/p2p-circuit/p2p/<peer>``);
+        returns the peer id."""
+        _, peer = split_peer_id(circuit_addr)
+        if CIRCUIT not in circuit_addr or peer is None:
+            raise SwarmError(f"not a circuit address: {circuit_addr}")
+        try:
+            with trio.fail_after(self.config.relay_timeout_s):
+                await self._transport.dial(multiaddr.Multiaddr(circuit_addr))
+        except trio.TooSlowError as e:
+            raise PeerUnreachable(f"no circuit to {peer} in {self.config.relay_timeout_s} s") from e
+        except Exception as e:
+            raise PeerUnreachable(f"circuit to {peer} failed: {type(e).__name__}: {e}") from e
+        return peer
+
+    # ------------------------------------------------------------------ connections
+    def _conns(self, peer_id: str) -> list[Any]:
+        from libp2p.peer.id import ID
+
+        try:
+            return list(self.host.libp2p_host.get_network().get_connections(ID.from_base58(peer_id)))
+        except Exception:
+            return []
+
+    def direct_addr(self, peer_id: str) -> str | None:
+        """The remote address of a direct (not relayed) connection to ``peer_id``, if any."""
+        for c in self._conns(peer_id):
+            addrs = _conn_addrs(c)
+            if addrs and not any(CIRCUIT in a for a in addrs):
+                return addrs[0]
+        return None
+
+    def relayed(self, peer_id: str) -> bool:
+        return any(any(CIRCUIT in a for a in _conn_addrs(c)) for c in self._conns(peer_id))
+
+    # ------------------------------------------------------------------ hole punching
+    async def punch(self, peer_id: str, circuit_addr: str | None = None) -> PunchOutcome:
+        """A direct connection to ``peer_id``: up to ``punch_attempts`` DCUtR attempts over a
+        relayed connection (opened through ``circuit_addr`` if there is none), waiting
+        :func:`~swarm.nat.kinds.backoff_s` between them. Never raises for network failures;
+        the outcome is recorded in :attr:`book` and returned."""
+        from libp2p.peer.id import ID
+
+        cfg, t0 = self.config, time.monotonic()
+
+        def done(ok: bool, how: str, attempts: int, reason: str) -> PunchOutcome:
+            out = PunchOutcome(self.host.peer_id, peer_id, ok, how, attempts, time.monotonic() - t0, reason,
+                               self.direct_addr(peer_id) or "")
+            self.book.record(out)
+            log.info("nat: punch %s -> %s: %s after %d attempt(s), %.2f s%s", self.host.peer_id[-8:], peer_id[-8:],
+                     how, attempts, out.seconds, f" ({reason})" if reason else "")
+            return out
+
+        if self.direct_addr(peer_id):
+            return done(True, ALREADY, 0, "a direct connection already existed")
+        reason = ""
+        await self.wait_observed()
+        for attempt in range(cfg.punch_attempts):
+            await trio.sleep(backoff_s(attempt, cfg.punch_backoff_s, cfg.punch_backoff_max_s))
+            try:
+                if not self.relayed(peer_id):
+                    if circuit_addr is None:
+                        return done(False, FAILED, attempt, "no relayed connection to signal over")
+                    await self.connect_relayed(circuit_addr)
+                with trio.move_on_after(cfg.punch_timeout_s):
+                    await self._dcutr.punch_once(ID.from_base58(peer_id))
+            except (SwarmError, ValueError) as e:
+                reason = f"{type(e).__name__}: {e}"
+                continue
+            if self.direct_addr(peer_id):
+                return done(True, PUNCHED, attempt + 1, "")
+            reason = "no direct connection after the DCUtR exchange and its dials"
+        return done(False, FAILED, cfg.punch_attempts, reason)
+
+    # ------------------------------------------------------------------ NAT checks
+    async def observe(self, peer_id: str) -> Observed:
+        """Ask a connected peer at which address(es) it sees our direct connections."""
+        return await self.host.request(peer_id, NAT_OBSERVE, ObserveRequest(), Observed,
+                                       timeout=self.config.relay_timeout_s)
+
+    async def _on_observe(self, req: ObserveRequest, peer: str) -> Observed:
+        seen = []
+        for c in self._conns(peer):
+            ipp = _remote_ip_port(c)
+            if ipp and not any(CIRCUIT in a for a in _conn_addrs(c)):
+                family = "ip6" if ":" in ipp[0] else "ip4"
+                seen.append(f"/{family}/{ipp[0]}/tcp/{ipp[1]}")
+        return Observed(addrs=seen[:MAX_ADDRS], peers=self._other_peers(peer))
+
+    def _other_peers(self, asker: str) -> list[str]:
+        """Addresses of other peers we hold direct connections to (candidate observers)."""
+        from swarm.addrs import with_peer_id
+
+        net = self.host.libp2p_host.get_network()
+        store = self.host.libp2p_host.get_peerstore()
+        out: list[str] = []
+        for pid in list(net.connections.keys()):
+            peer = pid.to_base58()
+            if peer in (asker, self.host.peer_id) or not self.direct_addr(peer):
+                continue
+            try:
+                addrs = [str(a) for a in store.addrs(pid)]
+            except Exception:
+                continue
+            good = [a for a in addrs if CIRCUIT not in a and not is_loopback(a)]
+            if good:
+                out.append(with_peer_id(split_peer_id(good[0])[0], peer))
+            if len(out) >= MAX_ADDRS:
+                break
+        return out
+
+    async def dial_back(self, peer_id: str, addrs: list[str]) -> DialBackReply:
+        """Ask a connected peer to dial us back at ``addrs`` from a fresh host."""
+        return await self.host.request(peer_id, NAT_DIALBACK, DialBackRequest(addrs=addrs[:MAX_ADDRS]),
+                                       DialBackReply, timeout=self.config.relay_timeout_s + 15)
+
+    async def _on_dialback(self, req: DialBackRequest, peer: str) -> DialBackReply:
+        from swarm.addrs import host_ip, with_peer_id
+        from swarm.discovery.reach import dial_back
+
+        ips = {connection_remote_ip(c) for c in self._conns(peer) if not any(CIRCUIT in a for a in _conn_addrs(c))}
+        ips.discard(None)
+        if not ips:
+            return DialBackReply(False, "", ["no direct connection from you to dial back along"])
+        cands = [with_peer_id(split_peer_id(a)[0], peer) for a in req.addrs
+                 if str(host_ip(split_peer_id(a)[0])) in ips]
+        if not cands:
+            return DialBackReply(False, "", [f"none of your addresses is at {', '.join(sorted(ips))}, "
+                                             "where your connection comes from"])
+        async with self._dialbacks:
+            res = await dial_back(peer, cands, next(iter(ips)))
+        return DialBackReply(res.reachable, res.addr or "", [e[:256] for e in res.errors][:MAX_ADDRS])
+
+    async def dial_from_listen_port(self, addr: str) -> str:
+        """Dial ``addr`` (``.../p2p/<id>``) from our listening TCP port, as a hole punch does, so
+        the NAT maps the port peers will be told about; returns the peer id."""
+        from libp2p.peer.id import ID
+
+        base, peer = split_peer_id(addr)
+        if peer is None:
+            raise SwarmError(f"address needs /p2p/<id>: {addr}")
+        port = self.listen_port()
+        try:
+            with trio.fail_after(self.host.config.dial_timeout_s):
+                await self.host.libp2p_host.get_network().dial_addr(multiaddr.Multiaddr(base), ID.from_base58(peer),
+                                                                    ("0.0.0.0", port))
+        except trio.TooSlowError as e:
+            raise PeerUnreachable(f"no answer from {addr}") from e
+        except Exception as e:
+            raise PeerUnreachable(f"{addr}: {type(e).__name__}: {e}") from e
+        return peer
+
+    def listen_port(self) -> int:
+        """Our listening TCP port."""
+        from swarm.nat.kinds import parse_ip_tcp
+
+        net = self.host.libp2p_host.get_network()
+        for listener in list(getattr(net, "listeners", {}).values()):
+            for a in listener.get_addrs():
+                got = parse_ip_tcp(str(a))
+                if got:
+                    return got[1]
+        raise SwarmError("the host listens on no TCP port")
+
+    async def wait_observed(self, timeout_s: float = 3.0) -> bool:
+        """Wait (at most ``timeout_s``) until some peer's identify told us our public address:
+        DCUtR advertises that address (with our listening port) to the peer it punches with,
+        and only our private addresses before it. True if one is known."""
+        manager = getattr(self.host.libp2p_host, "_observed_addr_manager", None)
+        if manager is None:
+            return False
+        with trio.move_on_after(timeout_s):
+            while not [a for a in manager.addrs(min_observers=1) if CIRCUIT not in str(a)]:
+                await trio.sleep(0.05)  # identify fills it; it has no event to wait on
+            return True
+        return False

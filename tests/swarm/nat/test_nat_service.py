@@ -1,0 +1,59 @@
+"""NatService between real libp2p hosts on loopback: the observed address, dial-back (and its
+refusal to dial anywhere but the asker's own address), the relay's reservation, and a punch
+between peers that already share a direct connection."""
+
+from __future__ import annotations
+
+import trio
+
+from swarm.host import open_host
+from swarm.nat.config import NatConfig
+from swarm.nat.kinds import parse_ip_tcp
+from swarm.nat.records import ALREADY, FAILED
+from swarm.nat.service import NatService
+
+LISTEN = "/ip4/127.0.0.1/tcp/0"
+
+
+def run(test):
+    async def main(tmp):
+        async with open_host(tmp / "a", listen_addr=LISTEN) as a, open_host(tmp / "b", listen_addr=LISTEN) as b:
+            na, nb = NatService(a, NatConfig(relay_timeout_s=10)), NatService(b, NatConfig(serve_relay=True))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(na.run)
+                await nursery.start(nb.run)
+                with trio.fail_after(60):
+                    await test(a, b, na, nb)
+                nursery.cancel_scope.cancel()
+
+    return main
+
+
+def test_observe_dial_back_and_reserve(tmp_path):
+    async def test(a, b, na, nb):
+        await a.connect(b.addrs[0])
+        seen = await na.observe(b.peer_id)
+        assert len(seen.addrs) == 1 and parse_ip_tcp(seen.addrs[0])[0] == "127.0.0.1", seen
+        # dial-back: reaches a at its own listening address
+        ok = await na.dial_back(b.peer_id, a.addrs)
+        assert ok.reachable and ok.addr.startswith(a.addrs[0].rsplit("/p2p/", 1)[0]), ok
+        # an address at another IP than the asker's connection is never dialled
+        no = await na.dial_back(b.peer_id, [f"/ip4/192.0.2.1/tcp/4001/p2p/{a.peer_id}"])
+        assert not no.reachable and "where your connection comes from" in no.errors[0], no
+        # b serves the relay: a reserves a slot and gets its circuit address
+        circuit = await na.reserve(b.addrs[0])
+        assert circuit == f"{b.addrs[0]}/p2p-circuit/p2p/{a.peer_id}"
+        # a direct connection exists already: nothing to punch
+        out = await na.punch(b.peer_id)
+        assert out.ok and out.how == ALREADY and out.attempts == 0 and na.book.can_link(a.peer_id, b.peer_id)
+
+    trio.run(run(test), tmp_path)
+
+
+def test_a_punch_without_any_connection_fails_cleanly(tmp_path):
+    async def test(a, b, na, nb):
+        out = await na.punch(b.peer_id)  # no relayed connection, no circuit address
+        assert not out.ok and out.how == FAILED and "no relayed connection" in out.reason
+        assert na.book.latest(b.peer_id, a.peer_id) == out
+
+    trio.run(run(test), tmp_path)
