@@ -420,3 +420,8 @@ class VerifyConfig:
         require(self.budget_s_per_step >= 0, f"verify.budget_s_per_step must be >= 0, got {self.budget_s_per_step}")
         require(self.precision in ("train", "fp32"), f"verify.precision must be train or fp32, got {self.precision!r}")
         require(self.torch_threads >= 0, f"verify.torch_threads must be >= 0, got {self.torch_threads}")
+    #: Sequential mode (one rank): check the picked groups on the training step's own forward
+    #: (``learner/step_check.py``: one forward, not two; held groups are trained only after
+    #: their check passed, in the same step). Off, or in async mode: a separate re-scoring pass
+    #: while the learner waits for rollouts, as before.
+    in_step: bool = True

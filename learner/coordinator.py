@@ -331,6 +331,18 @@ class Coordinator:
             self._discard(gid, reason)
         return gids
 
+    def reissue_taken(self, group_ids: list[str], reason: str) -> list[str]:
+        """Groups taken by a training step that did not train them (their push failed the check
+        made on the step's forward, :mod:`learner.step_check`): pending again at the front of the
+        queue, counted as dropped for ``reason``. Returns them."""
+        out = [g for g in group_ids if self.ledger.get(g) == TRAINED]
+        for gid in reversed(out):
+            self.drop_counts[reason] += 1
+            self.discarded[reason] += 1
+            self.ledger[gid] = PENDING
+            self.queue.appendleft(gid)
+        return out
+
     def _discard(self, gid: str, reason: str) -> None:
         """Throw away the untrained result of ``gid`` (completed or held): pending again."""
         self.hold_book.forget(gid)

@@ -117,7 +117,8 @@ async def run_learner(
         coord.add_groups(reissue_specs(load_open_problems(run_dir), task, tokenizer, cfg.task.multi_turn))
     verifier = None
     if cfg.verify.enabled:  # re-score sampled rollouts under their version (learner/verify.py)
-        verifier = Verifier(trainer, cfg.verify, t.temperature, t.top_p, state.version, seed=t.seed)
+        in_step = cfg.verify.in_step and cfg.sync.mode == "sequential" and not trainer.ranks.active
+        verifier = Verifier(trainer, cfg.verify, t.temperature, t.top_p, state.version, seed=t.seed, in_step=in_step)
     run_id = run_identity(run_dir, resume, uuid.uuid4().hex[:8])[1]
     metrics = MetricsWriter(run_dir, resume=resume, resume_step=state.step)
     host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s)
@@ -157,7 +158,11 @@ async def run_learner(
                 row = await step_fn(ctx)
                 if verifier is not None:
                     row.update(verifier.take_metrics())
-                    row["time_verify_s"] = row.get("verify_s", 0.0)  # inside the wait (learner/step_timing.py)
+                    # the checks' share inside the wait (learner/step_timing.py); in-step ones are in fwd_bwd
+                    row["time_verify_s"] = round(row.get("verify_s", 0.0) - row.get("verify_in_step_s", 0.0), 3)
+                if replay is not None:
+                    row.update(replay.take_metrics())
+                ledger.trained(row.pop("trained_groups", {}))
                 state.wall_s = time.perf_counter() - t_start
                 row["wall_s"] = round(state.wall_s, 2)
                 metrics.write(row)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from functools import partial
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import trio
@@ -26,10 +27,11 @@ import trio
 from learner.behaviour_check import behaviour_diffs
 from learner.checkpoint import LoopState
 from learner.config import LearnerConfig
-from learner.coordinator import COMPLETED, CompletedGroup, Coordinator, GroupSpec
+from learner.coordinator import COMPLETED, HELD, TRAINED, CompletedGroup, Coordinator, GroupSpec
 from learner.episodes import initial_prompt
 from learner.scoring import score_groups
 from learner.service import LearnerService
+from learner.step_check import GroupCheck, StepChecks
 from learner.step_timing import DissemWatch, StepClock, gen_seconds
 from swarm.proto.adapter import AdapterReply
 
@@ -54,6 +56,9 @@ class StepContext:
     train: Callable[[list], dict]
     #: Times the last published version's dissemination (``learner.step_timing``); None = not timed.
     dissem_watch: DissemWatch | None = None
+    #: Sequential mode: groups a step took but did not train (their push failed its in-step
+    #: check); pending again, they are the next step's first groups.
+    carry: list[str] = field(default_factory=list)
 
 
 def add_problems(ctx, n: int) -> list[str]:
@@ -103,12 +108,19 @@ async def _wait_ready(ctx, ready, describe, refill=None) -> None:
 async def sequential_step(ctx) -> dict[str, Any]:
     t0 = time.perf_counter()
     gen0 = gen_seconds(ctx.service)
-    ids = add_problems(ctx, ctx.cfg.train.prompts_per_step)
-    coord = ctx.coord
-    await _wait_until(ctx, lambda: all(coord.ledger[g] == COMPLETED for g in ids),
-                      lambda: f"{sum(coord.ledger[g] == COMPLETED for g in ids)}/{len(ids)} groups")
+    carry, ctx.carry = [g for g in getattr(ctx, "carry", []) if ctx.coord.ledger.get(g) != TRAINED], []
+    ids = carry + add_problems(ctx, max(0, ctx.cfg.train.prompts_per_step - len(carry)))
+    coord, queue = ctx.coord, getattr(ctx.service, "checks", None)
+
+    def ready(gid: str) -> bool:  # trainable, or held for a check this step makes on its forward
+        state = coord.ledger[gid]
+        return state == COMPLETED or (state == HELD and queue is not None and queue.is_deferred(gid))
+
+    await _wait_until(ctx, lambda: all(ready(g) for g in ids),
+                      lambda: f"{sum(ready(g) for g in ids)}/{len(ids)} groups")
     idle = time.perf_counter() - t0
-    return await _train_and_publish(ctx, coord.take(ids), t0, idle, gen0)
+    deferred = queue.take_deferred(ids) if queue is not None else []
+    return await _train_and_publish(ctx, coord.take(ids), t0, idle, gen0, deferred)
 
 
 async def async_step(ctx) -> dict[str, Any]:
@@ -135,8 +147,33 @@ def _export_reply(trainer, version: int):
     return AdapterReply.from_adapter(adapter), export_s
 
 
+def _step_checks(queue, deferred: list) -> StepChecks | None:
+    """The checks the training step makes on its own forward, one per picked group of each
+    deferred push (:mod:`learner.step_check`); ``None`` when there are none."""
+    if not deferred:
+        return None
+    v = queue.verifier
+    return StepChecks([GroupCheck(gid, len(result.completions), partial(v.judge_scored, item.peer_id, item.backend, result),
+                                  frozenset(item.completions) | {gid})
+                       for item in deferred for gid, _prompt, result in item.picked])
+
+
+def _settle(ctx, queue, deferred: list, checks: StepChecks | None) -> None:
+    """After the step: credit the pushes whose checks passed; untrust the peers whose failed.
+    A failed push's groups were not trained: they are pending again (counted as dropped
+    ``unverified``) and lead the next step (``ctx.carry``)."""
+    if checks is None:
+        return
+    queue.verifier.add_cost(checks.seconds, checks.judged)
+    for item in deferred:
+        failure = next(((gid, checks.failed[gid]) for gid, _p, _r in item.picked if gid in checks.failed), None)
+        if failure is not None:
+            ctx.carry += ctx.coord.reissue_taken(list(item.completions), "unverified")
+        queue.settle(item, failure)
+
+
 async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle: float,
-                             gen0: dict[str, float] | None = None) -> dict[str, Any]:
+                             gen0: dict[str, float] | None = None, deferred: list | None = None) -> dict[str, Any]:
     state = ctx.state
     clock, watch = StepClock(t0, idle), getattr(ctx, "dissem_watch", None)  # watch: the version these rollouts waited for
     with clock.part("reward"):
@@ -146,8 +183,14 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
         with clock.part("check"):
             check = await trio.to_thread.run_sync(behaviour_diffs, ctx.trainer, groups, ctx.service.node_backends())
     t1 = time.perf_counter()
-    stats = await trio.to_thread.run_sync(ctx.train, samples)
+    queue = getattr(ctx.service, "checks", None)
+    checks = _step_checks(queue, deferred or [])
+    if checks is None:
+        stats = await trio.to_thread.run_sync(ctx.train, samples)
+    else:  # the deferred pushes' picked groups are verified on this step's forward
+        stats = await trio.to_thread.run_sync(partial(ctx.train, samples, checks=checks))
     train_s = time.perf_counter() - t1
+    _settle(ctx, queue, deferred or [], checks)
     clock.add_train(train_s, stats)
     trained_on = state.version
     state.step += 1

@@ -36,7 +36,9 @@ revoked, its untrained groups are dropped (``unverified``) and re-issued to othe
 refused at every later request (:mod:`learner.admission`).
 
 When: after the push is acknowledged. The push's groups are held (never trained) until its
-picked groups are checked by the service's background worker (:mod:`learner.verify_queue`).
+picked groups are checked by the service's background worker (:mod:`learner.verify_queue`), or,
+in sequential mode with ``verify.in_step`` (the default), by the training step that trains them,
+on its own forward (:mod:`learner.step_check`): one forward, not two; a failed push is not trained.
 
 Thresholds and their measurement: ``docs/security.md`` and ``bench/verify_calib.py``.
 """
@@ -141,6 +143,9 @@ class Verifier:
     #: The version of the weights the trainer holds now (advanced by :meth:`exclusive`).
     weights_version: int
     seed: int = 0
+    #: Checks of groups trained on the version they were generated with run on the training
+    #: step's own forward (``verify.in_step`` in sequential mode, :mod:`learner.step_check`).
+    in_step: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: Groups seen per peer (for "first groups").
     seen: dict[str, int] = field(default_factory=dict)
@@ -168,6 +173,7 @@ class Verifier:
         self.history = deque(self.history, maxlen=self.history_size)
         self._step_max_diff: float | None = None  # this step's largest statistics (take_metrics)
         self._step_max_z: float | None = None
+        self.in_step_s = 0.0  # this step's share of spent_s that ran inside the training step
 
     def exclusive(self, train_step):
         """Wrap the trainer's ``train_step``: no scoring while weights change, and the weights'
@@ -249,6 +255,19 @@ class Verifier:
         return [self._judge(peer, backend, result, scored)
                 for (peer, backend, _prompt, result), scored in zip(items, scores)]
 
+    def judge_scored(self, peer_id: str, backend: str, result, scored: list[Scored]) -> str | None:
+        """The verdict on ``peer_id``'s group ``result`` given its scores under its own version
+        (computed elsewhere: the training step's forward); recorded like any check."""
+        return self._judge(peer_id, backend, result, scored)
+
+    def add_cost(self, seconds: float, groups: int) -> None:
+        """Checks that ran inside a training step: their cost joins this step's figures and
+        becomes the measured cost per group that the sampling budget is charged."""
+        self.spent_s += seconds
+        self.in_step_s += seconds
+        if groups:
+            self.group_s = seconds / groups
+
     def _judge(self, peer_id: str, backend: str, result, scored: list[Scored] | None) -> str | None:
         if scored is None:
             self.skipped += 1
@@ -280,7 +299,7 @@ class Verifier:
 
     def take_metrics(self) -> dict[str, float]:
         out = {"verify_groups": self.checked, "verify_skipped": self.skipped, "verify_failed": self.failed,
-               "verify_s": round(self.spent_s, 3)}
+               "verify_s": round(self.spent_s, 3), "verify_in_step_s": round(self.in_step_s, 3)}
         if self.checked:  # the cost of one verified group this step (skipped ones cost nothing to score)
             out["verify_s_per_group"] = round(self.spent_s / self.checked, 3)
         if self._step_max_diff is not None:  # the margins to the thresholds: this step's largest statistics
@@ -288,5 +307,6 @@ class Verifier:
         if self._step_max_z is not None:
             out["verify_max_abs_z"] = round(self._step_max_z, 3)
         self.spent_s, self.checked, self.skipped, self.failed, self.sampled = 0.0, 0, 0, 0, 0
+        self.in_step_s = 0.0
         self._step_max_diff = self._step_max_z = None
         return out

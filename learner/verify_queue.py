@@ -93,7 +93,7 @@ class VerifyQueue:
         self._added = trio.Event()
         self.closed = False
         self._scope: trio.CancelScope | None = None
-        #: Per peer, its newest check not yet finished (queued or in progress).
+        #: Per peer, its newest check not yet finished (queued, in progress or deferred).
         self.last: dict[str, PendingCheck] = {}
 
     def __len__(self) -> int:
@@ -103,6 +103,9 @@ class VerifyQueue:
         if self.closed:
             return
         self._items.append(item)
+        #: Checks left to the training step that will train their groups (``verify.in_step``):
+        #: hold id -> check (:meth:`take_deferred`, :mod:`learner.step_check`).
+        self.deferred: dict[str, PendingCheck] = {}
         self.last[item.peer_id] = item
         self._added.set()
 
@@ -125,6 +128,7 @@ class VerifyQueue:
         groups to verify; if any, hold all of ``accepted`` and queue the check; if none, but the
         peer has a check outstanding, add them to its hold. Returns the hold id, or ``None``
         when the groups are trainable at once."""
+        self.deferred.clear()
         coord = self.coordinator
         if not accepted:
             return None
@@ -141,9 +145,17 @@ class VerifyQueue:
         hold_id = coord.hold(accepted)
         if hold_id is None:
             return None
-        self._put(PendingCheck(hold_id, peer_id, self.backend_of(peer_id),
-                               picked=[(gid, coord.specs[gid].prompt_ids, results[gid]) for gid in picked],
-                               completions=sizes))
+        item = PendingCheck(hold_id, peer_id, self.backend_of(peer_id),
+                            picked=[(gid, coord.specs[gid].prompt_ids, results[gid]) for gid in picked],
+                            completions=sizes)
+        if self.replay is not None:  # exact replay where the learner reproduces the node's numerics
+            item.replayed = {gid for gid, _p, r in item.picked if self.replay.choose(peer_id, r)}
+        v = self.verifier
+        if v.in_step and not self.closed and not item.replayed and all(results[g].version == v.weights_version for g in picked):
+            self.deferred[hold_id] = item  # checked on the forward of the step that trains it
+            self.last[peer_id] = item
+        else:
+            self._put(item)
         return hold_id
 
     def _drain(self) -> list[PendingCheck]:
@@ -154,6 +166,60 @@ class VerifyQueue:
 
     async def run(self) -> None:
         """The worker: check the held pushes until :meth:`close` or cancellation; whatever has
+    def is_deferred(self, group_id: str) -> bool:
+        """Whether ``group_id`` is held under a check left to the training step."""
+        return self.coordinator.held.get(group_id) in self.deferred
+
+    def take_deferred(self, group_ids: list[str]) -> list[PendingCheck]:
+        """The deferred checks whose held groups are all among ``group_ids`` (the step about to
+        train them), released to it: their groups become completed (trainable) and the step
+        verifies them on its forward, then reports with :meth:`settle`. A deferred check whose
+        groups the step will not train is queued for the background worker instead."""
+        coord, ids, out = self.coordinator, set(group_ids), []
+        for hold_id, item in list(self.deferred.items()):
+            held = coord.holding(hold_id)
+            if held and not set(held) <= ids:
+                del self.deferred[hold_id]
+                self._put(item)
+                continue
+            del self.deferred[hold_id]
+            if self.last.get(item.peer_id) is item:
+                del self.last[item.peer_id]
+            if held:
+                item.completions = {g: n for g, n in item.completions.items() if g in held}
+                coord.release(hold_id)
+                out.append(item)
+        return out
+
+    def settle(self, item: PendingCheck, failure: tuple[str, str] | None) -> None:
+        """The step's verdict on a deferred check: ``failure`` (group id, reason) untrusts the peer;
+        otherwise its completions are credited."""
+        if failure is not None:
+            self.untrust(item.peer_id, f"unverified: group {failure[0]}: {failure[1]}")
+        else:
+            self.credit(item.peer_id, sum(item.completions.values()))
+
+    def _verdicts(self, live: list[PendingCheck], work: list[tuple]) -> list[str | None]:
+        """Per picked group of ``live`` (``work`` in the same order): the failure reason or None,
+        by exact replay for the groups in ``item.replayed``, by the verifier's re-scoring for the
+        others (blocking; the queue's worker thread)."""
+        gids = [(gid, gid in item.replayed) for item in live for gid, _p, _r in item.picked]
+        out: list[str | None] = [None] * len(work)
+        stats = [i for i, (_g, by_replay) in enumerate(gids) if not by_replay]
+        replays = [i for i, (_g, by_replay) in enumerate(gids) if by_replay]
+        if stats:
+            for i, r in zip(stats, self.verifier.check_groups([work[i] for i in stats])):
+                out[i] = r
+        if replays:
+            items = [(work[i][0], gids[i][0], work[i][2], work[i][3]) for i in replays]
+            for i, r in zip(replays, self.replay.check_groups(items)):
+                out[i] = r
+        if self.on_checked is not None:
+            for i, (_gid, by_replay) in enumerate(gids):
+                fresh = by_replay or work[i][3].version == self.verifier.weights_version
+                self.on_checked(work[i][0], "replay" if by_replay else ("stats" if fresh else "skipped"), out[i] is None)
+        return out
+
         queued up meanwhile is checked together (its groups scored in one pass of the verifier,
         :meth:`learner.verify.Verifier.check_groups`)."""
         with trio.CancelScope() as scope:
