@@ -24,6 +24,8 @@ class TrainSample:
     """Multi-turn episodes: 1 on completion tokens the model sampled, 0 on tokens the environment
     appended (they are context only: no loss, not counted in the token normaliser). ``None`` =
     every completion token."""
+    group_id: str = ""
+    """The group the completion belongs to (the coordinator's id; empty when unknown)."""
 
 
 def loss_tokens(sample: Any) -> int:
@@ -39,7 +41,7 @@ def as_train_samples(batch: Sequence[Any]) -> list[TrainSample]:
         mask = getattr(s, "loss_mask", None)
         out.append(TrainSample([int(x) for x in s.prompt_ids], [int(x) for x in s.completion_ids],
                                [float(x) for x in s.behav_logprobs], float(getattr(s, "advantage", 0.0)),
-                               [int(x) for x in mask] if mask else None))
+                               [int(x) for x in mask] if mask else None, str(getattr(s, "group_id", ""))))
     return out
 
 

@@ -40,7 +40,7 @@ def score_group(group: CompletedGroup, task: Any, tokenizer: Any) -> tuple[list[
     texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group.result.completions]
     rewards = [float(task.reward(problem, t)) for t in texts]
     adv = group_advantages(rewards).tolist()
-    samples = [TrainSample(group.spec.prompt_ids, c.token_ids, c.logprobs, float(a))
+    samples = [TrainSample(group.spec.prompt_ids, c.token_ids, c.logprobs, float(a), group_id=group.spec.group_id)
                for c, a in zip(group.result.completions, adv)]
     return samples, rewards
 
@@ -57,6 +57,7 @@ def score_episode_group(group: CompletedGroup, task: Any, tokenizer: Any) -> tup
         else:
             rewards.append(float(task.episode_reward(problem, replay.texts)))
     adv = group_advantages(rewards).tolist()
-    samples = [TrainSample(group.spec.prompt_ids, c.token_ids, c.logprobs, float(a), loss_mask=list(c.mask))
+    samples = [TrainSample(group.spec.prompt_ids, c.token_ids, c.logprobs, float(a), loss_mask=list(c.mask),
+                           group_id=group.spec.group_id)
                for c, a in zip(group.result.completions, adv)]
     return samples, rewards

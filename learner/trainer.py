@@ -46,13 +46,14 @@ import numpy as np
 import torch
 
 from common.lora import LoraAdapter
-from learner import placement
+from learner import forward, placement
 from learner.batching import TrainSample, as_train_samples, loss_tokens, pad_samples  # noqa: F401 (re-exported)
 from learner.config import LoraSettings, TrainConfig
 from learner.distributed import DistContext, resolve_device
 from learner.grpo import policy_loss
 from learner.memory import ModelShape, plan_micro_batch
 from learner.models import ResolvedModel
+from learner.step_check import StepChecks, as_scored, first_minibatch_order, scored_rows
 from learner.trainer_ranks import RankShards
 
 
@@ -129,48 +130,26 @@ class Trainer:
         out = [idx[i:i + mb] for idx in shared for i in range(0, len(idx), mb)]
         return out + [singles[i:i + mb] for i in range(0, len(singles), mb)]
 
-    def _logprobs_of(self, samples: Sequence[Any], autocast: bool | None = None) -> tuple[torch.Tensor, dict]:
-        """[n, T] completion log-probs and the padded tensors of one micro-batch."""
+    def _logprobs_of(self, samples: Sequence[Any], autocast: bool | None = None,
+                     keep: list | None = None) -> tuple[torch.Tensor, dict]:
+        """[n, T] completion log-probs and the padded tensors of one micro-batch. ``keep``, when
+        given, receives the [n, T, V] temperature-scaled log-softmax they were gathered from.
+
+        n samples with one prompt (a GRPO group) run the prompt once: its KV cache (with
+        gradients) is repeated n times and only the completions go through the model again, which
+        cuts the prompt's share of the compute by G (prompts are usually longer than the answers)."""
         t = self._tensors(samples)
         prompts = {tuple(s.prompt_ids) for s in samples}
+        bf16 = self.bf16_autocast if autocast is None else autocast
         if len(samples) > 1 and len(prompts) == 1 and self.share_prompt:
-            return self._shared_prompt_logprobs(list(samples[0].prompt_ids), t, autocast), t
-        return self._completion_logprobs(t, autocast), t
-
-    def _shared_prompt_logprobs(self, prompt: list[int], t: dict[str, torch.Tensor],
-                                autocast: bool | None = None) -> torch.Tensor:
-        """Same result as :meth:`_completion_logprobs` for n samples with one prompt, but the
-        prompt is run once: its KV cache (with gradients) is repeated n times and only the
-        completions go through the model again. For a GRPO group of G this cuts the prompt's
-        share of the compute by G (prompts are usually longer than the answers)."""
-        logits = self._shared_prompt_logits(prompt, t["targets"], t["mask"], autocast)  # [n, T, V]
-        logp_all = torch.log_softmax(logits / float(self.train.temperature), dim=-1)
-        return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["loss_mask"]  # [n, T]
-
-    def _shared_prompt_logits(self, prompt: list[int], targets: torch.Tensor, mask: torch.Tensor,
-                              autocast: bool | None = None) -> torch.Tensor:
-        """[n, T, V] float32 logits (not temperature-scaled) at the completion positions of n
-        right-padded completions ``targets`` [n, T] (``mask`` [n, T]: 1 on real tokens) of one prompt:
-        the prompt runs once and its KV cache is repeated n times."""
-        use_bf16 = self.bf16_autocast if autocast is None else autocast
-        base = self.model.get_base_model()
-        decoder, head = base.get_decoder(), base.get_output_embeddings()
-        n, P, T = targets.shape[0], len(prompt), targets.shape[1]
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            p_ids = torch.tensor([prompt], dtype=torch.long, device=self.device)  # [1, P]
-            first = decoder(input_ids=p_ids, use_cache=True)
-            cache = first.past_key_values
-            cache.batch_repeat_interleave(n)
-            h_last = first.last_hidden_state[:, -1:, :].expand(n, 1, -1)  # [n, 1, H] predicts token 0
-            attn = torch.cat([torch.ones(n, P, dtype=torch.long, device=self.device), mask.long()], dim=1)
-            pos = (torch.arange(T, device=self.device) + P).unsqueeze(0).expand(n, -1)  # [n, T]
-            hidden = h_last  # [n, 1, H]
-            if T > 1:
-                rest = decoder(input_ids=targets[:, :-1], attention_mask=attn[:, :P + T - 1], position_ids=pos[:, :-1],
-                               past_key_values=cache, use_cache=True).last_hidden_state  # [n, T-1, H]
-                hidden = torch.cat([h_last, rest], dim=1)  # [n, T, H]: position t predicts completion token t
-            logits = head(hidden)  # [n, T, V]
-        return logits.float()
+            logits = forward.shared_prompt_logits(self.model, self.device, list(samples[0].prompt_ids),
+                                                  t["targets"], t["mask"], bf16)  # [n, T, V]
+        else:
+            logits = forward.completion_logits(self.model, self.device, t, bf16)  # [n, T, V]
+        logp_all = torch.log_softmax(logits / float(self.train.temperature), dim=-1)  # [n, T, V]
+        if keep is not None:
+            keep.append(logp_all)
+        return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["loss_mask"], t  # [n, T]
 
     @torch.no_grad()
     def token_stats(self, prompt_ids: Sequence[int], completions: Sequence[Sequence[int]], temperature: float,
@@ -180,7 +159,7 @@ class Trainer:
         variance ``V_t`` of the surprisal ``-log p``, all from the same logits (float64 arrays).
 
         The pass the trainer takes (rollout verification, :mod:`learner.verify`): the prompt once
-        with its KV cache repeated over the group (:meth:`_shared_prompt_logits`; the whole
+        with its KV cache repeated over the group (:func:`learner.forward.shared_prompt_logits`; the whole
         sequences when ``share_prompt`` is off), bf16 autocast as in training unless ``autocast``
         says otherwise, the LM head only at completion positions, softmax in float32."""
         if not completions:
@@ -188,25 +167,19 @@ class Trainer:
         self.model.eval()
         samples = [TrainSample(list(prompt_ids), list(c), [0.0] * len(c), 0.0) for c in completions]
         t = self._tensors(samples)
+        bf16 = self.bf16_autocast if autocast is None else autocast
         with torch.inference_mode():
             if self.share_prompt:
-                logits = self._shared_prompt_logits(list(prompt_ids), t["targets"], t["mask"], autocast)
+                logits = forward.shared_prompt_logits(self.model, self.device, list(prompt_ids), t["targets"],
+                                                      t["mask"], bf16)  # [n, T, V]
             else:
-                logits = self._completion_logits(t, autocast)  # [n, T, V]
-            out = []
-            inv_t = 1.0 / max(float(temperature), 1e-6)
-            keep = ((self.bf16_autocast if autocast is None else autocast) == self.bf16_autocast
-                    and float(temperature) == float(self.train.temperature)
-                    and len(self._known_logprobs) + len(completions) <= MAX_KNOWN_LOGPROBS)
-            for i, ids in enumerate(completions):  # row by row: a few [T_i, V] temporaries at a time
-                logp = torch.log_softmax(logits[i, :len(ids)] * inv_t, dim=-1)  # [T_i, V]
-                p = logp.exp()
-                lp = logp.gather(1, t["targets"][i, :len(ids), None])[:, 0]
-                h = -(p * logp).sum(-1)
-                e2 = (p * logp * logp).sum(-1)
-                out.append((lp.double().cpu().numpy(), h.double().cpu().numpy(), (e2 - h * h).double().cpu().numpy()))
-                if keep:  # the training pass's own numbers: reusable by logprobs() until the weights change
-                    self._known_logprobs[(tuple(prompt_ids), tuple(ids))] = lp.float().cpu().numpy()
+                logits = forward.completion_logits(self.model, self.device, t, bf16)  # [n, T, V]
+            out = forward.token_rows(logits, t["targets"], [len(c) for c in completions],
+                                     inv_temperature=1.0 / max(float(temperature), 1e-6))
+        if (bf16 == self.bf16_autocast and float(temperature) == float(self.train.temperature)
+                and len(self._known_logprobs) + len(completions) <= MAX_KNOWN_LOGPROBS):
+            for ids, (lp, _h, _v) in zip(completions, out):  # the training pass's own numbers: reusable
+                self._known_logprobs[(tuple(prompt_ids), tuple(ids))] = lp.astype(np.float32)  # until the weights change
         return out
 
     def _tensors(self, samples: Sequence[Any]) -> dict[str, torch.Tensor]:
@@ -237,37 +210,24 @@ class Trainer:
                 f"autocast {'bf16' if self.bf16_autocast else 'off'}, grad checkpointing "
                 f"{'on' if self.train.grad_checkpointing else 'off'}, micro-batch {mb}, free memory {gib:.1f} GiB{ranks}")
 
-    def _completion_logprobs(self, t: dict[str, torch.Tensor], autocast: bool | None = None) -> torch.Tensor:
-        """[n, T] log-probs of the completion tokens (temperature-scaled, fp32 log-softmax)."""
-        logits = self._completion_logits(t, autocast) / float(self.train.temperature)  # [n, T, V]
-        logp_all = torch.log_softmax(logits, dim=-1)  # [n, T, V]
-        return torch.gather(logp_all, -1, t["targets"].unsqueeze(-1)).squeeze(-1) * t["loss_mask"]  # [n, T]
-
-    def _completion_logits(self, t: dict[str, torch.Tensor], autocast: bool | None = None) -> torch.Tensor:
-        """[n, T, V] float32 logits (not temperature-scaled) at the completion positions of whole
-        right-padded sequences."""
-        use_bf16 = self.bf16_autocast if autocast is None else autocast
-        base = self.model.get_base_model()
-        decoder, head = base.get_decoder(), base.get_output_embeddings()
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            hidden = decoder(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).last_hidden_state  # [n, L, H]
-            idx = t["pos"].unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [n, T, H]
-            logits = head(torch.gather(hidden, 1, idx))  # [n, T, V]
-        return logits.float()
-
     # -- training ---------------------------------------------------------------------------
-    def _minibatches(self, batch: Sequence[Any]) -> list[list[Any]]:
-        """``train.minibatches`` parts of the batch, whole prompt groups each, in batch order."""
+    def _minibatches(self, batch: Sequence[Any], checks: StepChecks | None = None) -> list[list[Any]]:
+        """``train.minibatches`` parts of the batch, whole prompt groups each, in batch order
+        (the groups ``checks`` verifies first, :mod:`learner.step_check`)."""
         groups: dict[tuple[int, ...], list[Any]] = {}
         for s in batch:
             groups.setdefault(tuple(s.prompt_ids), []).append(s)
         parts = max(1, min(int(self.train.minibatches), len(groups)))
         glist = list(groups.values())
+        if checks is not None and checks.checks:
+            return [[s for g in part for s in g] for part in first_minibatch_order(glist, checks.group_ids, parts)]
         return [[s for g in glist[i::parts] for s in g] for i in range(parts)]
 
-    def train_step(self, batch: Sequence[Any]) -> dict[str, float]:
+    def train_step(self, batch: Sequence[Any], checks: StepChecks | None = None) -> dict[str, float]:
         """``train.minibatches`` optimizer steps on ``batch`` (a GRPO batch of samples with
-        advantages); returns token-weighted stats over the whole batch."""
+        advantages); returns token-weighted stats over the whole batch. ``checks``: groups to
+        verify on this step's own forward before they (and their dependents) are trained
+        (:mod:`learner.step_check`; one rank only)."""
         if not batch:
             raise ValueError("empty batch")
         t0 = time.perf_counter()
@@ -278,16 +238,19 @@ class Trainer:
         if int(self.train.micro_batch) <= 0:  # plan before any pass: every pass count is fixed by it
             self._step_mb = self.micro_batch_size([batch[i] for i in self.ranks.local_indices(batch)] or batch[:1])
         try:
-            return self._train_step(batch, t0, total_tokens)
+            return self._train_step(batch, t0, total_tokens, checks)
         finally:
             self._step_mb = None
 
-    def _train_step(self, batch: Sequence[Any], t0: float, total_tokens: float) -> dict[str, float]:
+    def _train_step(self, batch: Sequence[Any], t0: float, total_tokens: float,
+                    checks: StepChecks | None = None) -> dict[str, float]:
         agg: dict[str, float] = {k: 0.0 for k in ("loss", "clip_frac", "ratio_mean", "is_weight_mean",
                                                   "mismatch_k3", "abs_logp_diff", "grad_norm")}
         ratio_max, ratio_min = 0.0, float("inf")
         self._timing = {"fwd_bwd": 0.0, "optim": 0.0}  # seconds, filled by _update (the step breakdown)
-        parts = self._minibatches(batch)
+        parts = self._minibatches(batch, checks)
+        if checks is not None:
+            self._check_unfused(parts[0], checks)
         prox = None
         if self.train.loss == "decoupled" and len(parts) > 1:
             # pi_prox is the policy before this learner step, for every minibatch of it
@@ -295,7 +258,7 @@ class Trainer:
             prox = self.ranks.prox_logprobs(batch, self.logprobs, self._micro_batches)
             self._timing["fwd_bwd"] += time.perf_counter() - t_prox
         for part in parts:
-            st = self._update(part, prox)
+            st = self._update(part, prox, checks)
             w = st["tokens"] / total_tokens
             for k in agg:
                 agg[k] += w * st[k] if k != "grad_norm" else st[k] / len(parts)
@@ -307,7 +270,24 @@ class Trainer:
                    logprobs_reused=float(self._known_used))
         return agg
 
-    def _update(self, batch: Sequence[Any], prox: dict[int, np.ndarray] | None = None) -> dict[str, float]:
+    def _check_unfused(self, first: Sequence[Any], checks: StepChecks) -> None:
+        """Checks whose group is not a micro-batch of the first minibatch on its own: scored by
+        :meth:`token_stats` (their own forward) and judged before any update."""
+        fused = {c.group_id for mb in self._micro_batches(first)
+                 if (c := checks.whole([first[i] for i in mb])) is not None}
+        for c in checks.pending():
+            if c.group_id in fused:
+                continue
+            rows = [s for s in first if getattr(s, "group_id", "") == c.group_id]
+            t = time.perf_counter()
+            if not rows:  # not in this rank's batch: nothing to score, nothing trained
+                checks.excluded |= set(c.dependents)
+                continue
+            stats = self.token_stats(rows[0].prompt_ids, [s.completion_ids for s in rows], self.train.temperature)
+            checks.judge(c, as_scored(stats), fused=False, started=t)
+
+    def _update(self, batch: Sequence[Any], prox: dict[int, np.ndarray] | None = None,
+                checks: StepChecks | None = None) -> dict[str, float]:
         """One AdamW step on ``batch``: gradients accumulated over micro-batches, each loss
         normalised by the token count of the whole ``batch`` (equal to one big pass).
         ``prox`` (decoupled loss): proximal log-probs per sample ``id``; default: the current
@@ -322,7 +302,16 @@ class Trainer:
         local = self.ranks.local_indices(batch)  # this rank's whole groups (all of them on one rank)
         t_fwd = time.perf_counter()
         for mb, scale in self.ranks.passes(batch, local, self._micro_batches):
-            logp, tens = self._logprobs_of(mb)  # [n, T]
+            check = checks.whole(mb) if checks is not None else None
+            if checks is not None and not (mb := checks.keep(mb)):
+                continue  # a failed push's groups: never trained
+            keep: list | None = [] if check is not None else None
+            logp, tens = self._logprobs_of(mb, keep=keep)  # [n, T]
+            if check is not None:  # verified on this forward (learner/step_check.py)
+                t_chk = time.perf_counter()
+                scored = scored_rows(keep[0].detach(), tens["targets"], [len(s.completion_ids) for s in mb])
+                if not checks.judge(check, scored, fused=True, started=t_chk):
+                    continue  # no backward: nothing of it is trained
             prox_t = None
             if prox is not None:
                 prox_t = torch.zeros_like(tens["behav"])  # [n, T]
