@@ -24,7 +24,9 @@ import hmac
 import json
 import os
 import secrets
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +36,8 @@ SECRET_FILE = "join_token.key"
 UNTRUSTED_RETRY_S = 3600.0
 #: Longest join token accepted, characters (a token is about 150).
 MAX_TOKEN_CHARS = 1024
+#: Most peers remembered for a join token shown before their hello (private runs).
+MAX_TOKENED = 10_000
 
 
 def _b64(data: bytes) -> str:
@@ -92,6 +96,11 @@ def check_token(token: str, secret: bytes, peer_id: str, now: float) -> str | No
     return None
 
 
+def token_expiry(token: str) -> float:
+    """The expiry (unix s) of a token :func:`check_token` accepted."""
+    return float(json.loads(_unb64(token.split(".")[0]))["exp"])
+
+
 def read_allowlist(path: Path) -> frozenset[str]:
     """Peer ids of an allowlist file: one a line; blank lines and ``#`` comments ignored."""
     ids = set()
@@ -123,6 +132,9 @@ class AdmissionPolicy:
     max_pushes_per_min: int = 0
     #: Retry hint (s) for a peer refused at join (not on the list, bad token).
     refused_retry_s: float = 60.0
+    #: Allowlist mode: serve the model, adapters, manifests and member addresses only to
+    #: admitted peers (``network.private``; see :meth:`Admission.read_refusal`).
+    private: bool = False
 
 
 @dataclass
@@ -132,7 +144,34 @@ class Admission:
     policy: AdmissionPolicy
     #: Peer id -> why it is refused for the rest of the run.
     untrusted: dict[str, str] = field(default_factory=dict)
+    #: Private runs: peers that showed a valid join token before their hello (with their model
+    #: manifest request), by when the token expires; they may read until then.
+    tokened: dict[str, float] = field(default_factory=dict)
     _pushes: dict[str, deque] = field(default_factory=dict)
+
+    def read_refusal(self, peer_id: str, said_hello: bool, wall_now: float) -> str | None:
+        """Why ``peer_id`` may not read the run's model, adapters, manifests or member addresses
+        (None: it may). Only private runs refuse: a peer that said hello and was accepted, is on
+        the allowlist, or showed a valid join token may read; an untrusted peer may not."""
+        p = self.policy
+        if not p.private:
+            return None
+        if peer_id in self.untrusted:
+            return f"private run: untrusted for the rest of this run: {self.untrusted[peer_id]}"
+        if said_hello or peer_id in p.allowlist or self.tokened.get(peer_id, 0.0) > wall_now:
+            return None
+        return ("private run: only admitted peers may read its model, adapters, manifests and member "
+                "addresses (be on its allowlist or show a join token: swarm-node join --token)")
+
+    def show_token(self, peer_id: str, token: str, wall_now: float) -> None:
+        """A peer of a private run showed ``token`` before its hello: remember it if valid."""
+        p = self.policy
+        if not (p.private and token and p.secret is not None) or check_token(token, p.secret, peer_id, wall_now):
+            return
+        self.tokened[peer_id] = token_expiry(token)
+        if len(self.tokened) > MAX_TOKENED:  # expired first, then the oldest shown
+            for peer in [q for q, exp in self.tokened.items() if exp <= wall_now] or list(self.tokened)[:1]:
+                self.tokened.pop(peer, None)
 
     def on_hello(self, peer_id: str, token: str, wall_now: float) -> Decision:
         if peer_id in self.untrusted:
@@ -185,4 +224,34 @@ def build_admission(network_cfg, key_dir: Path) -> Admission:
     return Admission(AdmissionPolicy(mode=n.admission, allowlist=allow, secret=secret,
                                      max_leases_per_peer=n.max_leases_per_peer,
                                      max_pushes_per_min=n.max_pushes_per_min,
-                                     refused_retry_s=n.refused_retry_s))
+                                     refused_retry_s=n.refused_retry_s,
+                                     private=bool(getattr(n, "private", False))))
+
+
+class ReadAccess:
+    """Who may read the run's model, adapters, manifests and member addresses, asked by the model
+    server and the dissemination before they answer: :meth:`Admission.read_refusal` over the peers
+    that said hello (``said_hello``). Without an admission (harnesses) everyone may."""
+
+    def __init__(self, admission: Admission | None, said_hello: Callable[[str], bool],
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.admission = admission
+        self.said_hello = said_hello
+        self.wall_clock = wall_clock
+
+    @property
+    def private(self) -> bool:
+        return self.admission is not None and self.admission.policy.private
+
+    def refusal(self, peer_id: str) -> str | None:
+        """Why ``peer_id`` may not read (None: it may)."""
+        if self.admission is None:
+            return None
+        return self.admission.read_refusal(peer_id, self.said_hello(peer_id), self.wall_clock())
+
+    def allows(self, peer_id: str) -> bool:
+        return self.refusal(peer_id) is None
+
+    def show_token(self, peer_id: str, token: str) -> None:
+        if self.admission is not None and token:
+            self.admission.show_token(peer_id, token, self.wall_clock())

@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 from swarm.addrs import check_announce, split_peer_id
 from swarm.config import ConfigError
 from swarm.discovery.keys import check_run_name
+from swarm.limits import LimitSettings
 
 Precision = Literal["auto", "bf16", "autocast", "fp32"]
 LossKind = Literal["ppo_clip", "tis", "decoupled"]
@@ -261,6 +262,9 @@ class NetworkConfig:
     max_pushes_per_min: int = 120
     #: Seconds a refused node is told to wait before trying to join again.
     refused_retry_s: float = 60.0
+    #: Allowlist runs only: a private run serves its model, adapters, manifests and member
+    #: addresses only to admitted peers (``learner/admission.py``), not to anyone who asks.
+    private: bool = False
 
     def validate(self) -> None:
         try:
@@ -272,6 +276,7 @@ class NetworkConfig:
             require(bool(split_peer_id(addr)[1]), f"network.bootstrap: {addr!r} must end in /p2p/<peer id>")
         require(self.max_frame_bytes > 0, f"network.max_frame_bytes must be > 0, got {self.max_frame_bytes}")
         require(self.request_timeout_s > 0, f"network.request_timeout_s must be > 0, got {self.request_timeout_s}")
+        require(not self.private or self.admission == "allowlist", "network.private needs admission = \"allowlist\"")
 
 
 @dataclass
@@ -287,6 +292,8 @@ class LearnerConfig:
     verify: VerifyConfig = field(default_factory=lambda: VerifyConfig())
     run: RunConfig = field(default_factory=lambda: RunConfig())
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig())
+    #: Budgets per connection, peer id and address block on every incoming stream (``swarm/limits.py``).
+    limits: LimitSettings = field(default_factory=LimitSettings)
 
     def validate(self) -> LearnerConfig:
         """Check every section with a ``validate()`` and the rules across sections; returns self."""

@@ -69,14 +69,19 @@ MAX_HOLDERS_REPLY = 32
 class LearnerDissem:
     def __init__(self, host, cfg: DissemConfig, run_id: str, *,
                  on_encoded: Callable[[AdapterReply], None] | None = None,
-                 admit: Callable[[str], bool] | None = None) -> None:
+                 admit: Callable[[str], bool] | None = None,
+                 reads: Callable[[str], str | None] | None = None) -> None:
         self.host = host
         self.cfg = cfg
+        #: Why a peer may not read manifests, member addresses and adapter chunks (None: it may;
+        #: only a private run refuses, ``learner.admission.ReadAccess.refusal``).
+        self.reads = reads
         self.run_id = run_id
         self.codec = CodecConfig(cfg.codec, cfg.int8_block, cfg.zstd_level)
         self.store = VersionStore(host.peer_id, run_id, keep=KEEP_VERSIONS)
         self.settings = BroadcastSettings(stall_timeout_s=cfg.stall_timeout_s)
-        self.dis = Disseminator(host, self.store, self.settings, on_unreachable=self.drop)
+        self.dis = Disseminator(host, self.store, self.settings, on_unreachable=self.drop,
+                                allow=None if reads is None else (lambda peer: reads(peer) is None))
         self.members: dict[str, Member] = {}
         #: Relay upload rates the learner measured from the nodes' reports (tree placement).
         self.rates = RelayRates(cfg.chunk_bytes)
@@ -304,6 +309,9 @@ class LearnerDissem:
 
     # -- reports ---------------------------------------------------------------------------
     async def on_have(self, msg: HaveVersion, peer_id: str) -> HaveAck:
+        if self.admit is not None and not self.admit(peer_id):  # reports only from nodes that said hello
+            log.info("dissem: ignored a completion report of %s: it has not said hello", peer_id[-6:])
+            return HaveAck(ok=False)
         if self.store.get(msg.version, range_of(msg.layers)) is None and msg.version not in self.have:
             return HaveAck(ok=False)
         self.have.setdefault(msg.version, {})[peer_id] = msg
@@ -316,6 +324,10 @@ class LearnerDissem:
         return HaveAck(ok=True)
 
     async def on_manifest(self, msg: ManifestRequest, peer_id: str) -> ManifestReply:
+        refusal = self.reads(peer_id) if self.reads is not None else None
+        if refusal is not None:
+            log.info("dissem: no manifest for %s: %s", peer_id[-6:], refusal)
+            return ManifestReply(None, [], refusal)
         rng = range_of(msg.layers)
         asm = self.store.get(msg.version, rng)
         if asm is None:
@@ -377,12 +389,13 @@ def _reply(adapter: LoraAdapter, tensors: dict) -> AdapterReply:
 
 
 async def start_learner_dissem(nursery: trio.Nursery, host, cfg: DissemConfig, run_id: str, versions: AdapterVersions,
-                               admit: Callable[[str], bool]) -> LearnerDissem:
+                               admit: Callable[[str], bool],
+                               reads: Callable[[str], str | None] | None = None) -> LearnerDissem:
     """Start the dissemination service: versions the learner publishes are pushed to the peers
     ``admit`` accepts (those that said hello), and each version's direct-fetch reply in
     ``versions`` is replaced by the decoded tensors every pushed node holds (bit-identical on
     both paths)."""
-    dissem = LearnerDissem(host, cfg, run_id, on_encoded=versions.replace, admit=admit)
+    dissem = LearnerDissem(host, cfg, run_id, on_encoded=versions.replace, admit=admit, reads=reads)
     dissem.register()
     await nursery.start(dissem.run)
     return dissem

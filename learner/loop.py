@@ -20,7 +20,7 @@ import trio
 
 from common.model_cache import cache_root
 from learner.adapter_versions import AdapterVersions
-from learner.admission import build_admission
+from learner.admission import ReadAccess, build_admission
 from learner.buffer import ReplayBuffer
 from learner.checkpoint import (LoopState, load_open_problems, load_state, open_problem_refs, reissue_specs,
                                 run_identity, save_state)
@@ -121,20 +121,24 @@ async def run_learner(
         verifier = Verifier(trainer, cfg.verify, t.temperature, t.top_p, state.version, seed=t.seed, in_step=in_step)
     run_id = run_identity(run_dir, resume, uuid.uuid4().hex[:8])[1]
     metrics = MetricsWriter(run_dir, resume=resume, resume_step=state.step)
-    host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s)
+    host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s,
+                          limits=cfg.limits)
     identity_dir = Path(data_dir) if data_dir is not None else run_dir / "identity"
     async with open_host(identity_dir, listen_addr=cfg.network.listen, config=host_cfg,
                          announce=cfg.network.announce) as host, open_discovery(host) as discovery:
+        nodes: dict = {}
+        admission = build_admission(cfg.network, run_dir / "identity")
+        access = ReadAccess(admission, nodes.__contains__)  # who may read a private run's content
         model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, cfg.model.name,
-                                              cache_root(cfg.model.cache_dir or None))
+                                              cache_root(cfg.model.cache_dir or None), access=access)
         console(f"learner: base model {cfg.model.name} sha256 {model_serve.content_sha256[:12]}")
-        versions, nodes = AdapterVersions(), {}
+        versions = AdapterVersions()
         async with trio.open_nursery() as nursery:
             dissem = await start_learner_dissem(nursery, host, cfg.dissem, run_id, versions,
-                                                admit=nodes.__contains__)
+                                                admit=nodes.__contains__, reads=access.refusal)
             service = LearnerService(
                 coord, service_settings(cfg, run_id, name, model_serve.content_sha256),
-                versions=versions, nodes=nodes, admission=build_admission(cfg.network, run_dir / "identity"),
+                versions=versions, nodes=nodes, admission=admission,
                 verifier=verifier, episode=episodes, dissem=dissem, model_serve=model_serve, console=console,
                 probe=lambda peer: stage_alive(host, peer))
             service.register(host)

@@ -9,8 +9,14 @@ manifest (cached after the first time) and signs it with its host key. It then s
   part (nodes report themselves with ``MODEL_HAVE`` while fetching and once complete);
 - ``CHUNKS``: chunks of its own files, through the host's chunk server (``swarm.chunks``).
 
-Both are open to peers that have not said hello yet: a node fetches the model before it can
-load its backend and say hello. :func:`hello_model_check` decides whether a node's model is
+Both are open to peers that have not said hello yet (a node fetches the model before it can
+load its backend and say hello), except in a private run (``network.private``): there only
+admitted peers get the manifest and the chunks (``access``: :class:`learner.admission.ReadAccess`;
+a node shows its join token with its manifest request). Holder reports (``MODEL_HAVE``) are kept
+for peers that said hello; of the others, at most :data:`MAX_UNGREETED_HOLDERS` (newest kept, named
+after the greeted ones, none in a private run), so strangers cannot grow the table or crowd
+greeted holders out of manifest replies (at most ``MAX_HOLDERS`` holders of at most 16 addresses
+each: far below the frame cap). :func:`hello_model_check` decides whether a node's model is
 the run's (pure; called from ``LearnerService.on_hello``).
 """
 
@@ -21,6 +27,7 @@ from pathlib import Path
 
 import trio
 
+from learner.admission import ReadAccess
 from swarm.chunks.serve import ChunkServer, chunk_server
 from swarm.content.manifest import DEFAULT_CHUNK_BYTES, build_model_manifest, model_content_id, sign_model_manifest
 from swarm.content.model_id import short
@@ -34,6 +41,8 @@ log = logging.getLogger("echo_swarm.learner")
 
 #: Key of ``Hello.extra`` where a node names its model (for the refusal message).
 HELLO_MODEL_NAME_KEY = "model"
+#: Most holder reports kept from peers that have not said hello (nodes still fetching).
+MAX_UNGREETED_HOLDERS = 16
 
 
 def hello_model_check(node_sha: str, node_model: str, run_sha: str, run_model: str) -> str:
@@ -50,8 +59,11 @@ def hello_model_check(node_sha: str, node_model: str, run_sha: str, run_model: s
 
 
 class LearnerModelServe:
-    def __init__(self, host, manifest: ModelManifest, source: Path, server: ChunkServer | None = None) -> None:
+    def __init__(self, host, manifest: ModelManifest, source: Path, server: ChunkServer | None = None,
+                 access: ReadAccess | None = None) -> None:
         self.host = host
+        #: Who may read the model and the holders' addresses (None: anyone, all reports greeted).
+        self.access = access
         self.manifest = manifest
         self.source = Path(source)
         #: The host's chunk server (shared with the adapter dissemination).
@@ -73,21 +85,30 @@ class LearnerModelServe:
         return self.manifest.content_sha256
 
     def register(self) -> None:
-        self.server.add(model_content_id(self.manifest), ModelCopy(self.manifest, source=self.source), self._count)
+        self.server.add(model_content_id(self.manifest), ModelCopy(self.manifest, source=self.source), self._count,
+                        allow=None if self.access is None else self.access.allows)
         self.host.set_handler(MODEL_MANIFEST, ModelManifestRequest, self.on_manifest)
         self.host.set_handler(MODEL_HAVE, ModelHave, self.on_have)
 
     def _count(self, peer: str, n: int) -> None:
         self.served[peer] = self.served.get(peer, 0) + n
 
+    def _greeted(self, peer_id: str) -> bool:
+        return self.access is None or self.access.said_hello(peer_id)
+
     def holder_refs(self, exclude: str = "") -> list[PeerRef]:
-        """Complete holders first, then the partial ones with the most chunks."""
-        ranked = sorted((h for p, h in self.holders.items() if p != exclude and h.chunks > 0 and h.addrs),
-                        key=lambda h: (not h.complete, -h.chunks))
-        by_report = {id(h): p for p, h in self.holders.items()}
-        return [PeerRef(by_report[id(h)], list(h.addrs)) for h in ranked[:MAX_HOLDERS]]
+        """Holders that said hello first (complete, then the most chunks), then the others."""
+        ranked = sorted(((p, h) for p, h in self.holders.items() if p != exclude and h.chunks > 0 and h.addrs),
+                        key=lambda ph: (not self._greeted(ph[0]), not ph[1].complete, -ph[1].chunks))
+        return [PeerRef(p, list(h.addrs)) for p, h in ranked[:MAX_HOLDERS]]
 
     async def on_manifest(self, msg: ModelManifestRequest, peer_id: str) -> ModelManifestReply:
+        if self.access is not None:
+            self.access.show_token(peer_id, msg.token)
+            refusal = self.access.refusal(peer_id)
+            if refusal is not None:
+                log.info("model: no manifest for %s: %s", peer_id[-6:], refusal)
+                return ModelManifestReply(reason=refusal)
         if msg.content_sha256 and msg.content_sha256 != self.content_sha256:
             return ModelManifestReply(reason=f"this run's model is {self.manifest.name} "
                                              f"(sha256 {short(self.content_sha256)}), not {short(msg.content_sha256)}")
@@ -99,9 +120,20 @@ class LearnerModelServe:
         if msg.content_sha256 != self.content_sha256:
             log.warning("model: %s reported another model %s", peer_id[-6:], short(msg.content_sha256))
             return ModelHaveAck(ok=False)
+        refusal = self.access.refusal(peer_id) if self.access is not None else None
+        if refusal is not None:
+            log.info("model: ignored a holder report of %s: %s", peer_id[-6:], refusal)
+            return ModelHaveAck(ok=False)
         before = self.holders.get(peer_id)
         if before is not None and (before.complete, before.chunks) > (msg.complete, msg.chunks):
             return ModelHaveAck()  # a late progress report: what the node holds only grows
+        if not self._greeted(peer_id):
+            if self.access.private:
+                return ModelHaveAck(ok=False)
+            ungreeted = [p for p in self.holders if p != peer_id and not self._greeted(p)]
+            for p in ungreeted[:max(0, len(ungreeted) - MAX_UNGREETED_HOLDERS + 1)]:
+                del self.holders[p]  # the oldest reports of strangers make room
+        self.holders.pop(peer_id, None)  # re-inserted last: dict order is report order
         self.holders[peer_id] = msg
         if msg.complete and (before is None or not before.complete):
             self.completed_at[peer_id] = trio.current_time()
@@ -129,13 +161,13 @@ class LearnerModelServe:
 
 
 async def start_model_serve(host, source: Path, name: str, cache_dir: Path | None = None,
-                            chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> LearnerModelServe:
+                            chunk_bytes: int = DEFAULT_CHUNK_BYTES, access: ReadAccess | None = None) -> LearnerModelServe:
     """Describe, sign and serve the model at ``source`` (hashing runs in a thread; cached)."""
     manifest = await trio.to_thread.run_sync(
         lambda: build_model_manifest(Path(source), name=name, signer=host.peer_id, chunk_bytes=chunk_bytes,
                                      cache_dir=cache_dir))
     sign_model_manifest(manifest, host.private_key())
-    serve = LearnerModelServe(host, manifest, Path(source))
+    serve = LearnerModelServe(host, manifest, Path(source), access=access)
     serve.register()
     log.info("model: serving %s (sha256 %s, %.1f MB in %d chunks)", name, short(manifest.content_sha256),
              manifest.total_bytes / 1e6, len(manifest.chunk_hashes))

@@ -103,8 +103,10 @@ class ProgressBar:
 
 
 # ---------------------------------------------------------------------- learner requests
-async def run_manifest(host, learner_peer: str) -> tuple[ModelManifest, list]:
-    reply = await host.request(learner_peer, MODEL_MANIFEST, ModelManifestRequest(), ModelManifestReply,
+async def run_manifest(host, learner_peer: str, token: str = "") -> tuple[ModelManifest, list]:
+    """The learner's signed model manifest and holders; ``token``: the node's join token (a
+    private run serves its model only to admitted peers)."""
+    reply = await host.request(learner_peer, MODEL_MANIFEST, ModelManifestRequest(token=token), ModelManifestReply,
                                timeout=CONTROL_TIMEOUT_S)
     if reply.manifest is None:
         raise ModelError(f"the learner serves no model manifest: {reply.reason or 'no reason given'}")
@@ -156,7 +158,8 @@ async def prepare_model(host, learner_peer: str, cfg, server: ChunkServer | None
     cache_dir = getattr(cfg, "cache_dir", None) or None
     server = server if server is not None else chunk_server(host)
     try:
-        manifest, holders = await run_manifest(host, learner_peer)
+        token = getattr(cfg, "join_token", "") or ""
+        manifest, holders = await run_manifest(host, learner_peer, token)
     except PeerUnreachable as e:
         if "does not serve" not in str(e):
             raise
@@ -189,7 +192,7 @@ async def prepare_model(host, learner_peer: str, cfg, server: ChunkServer | None
                   f"from the learner and {len(holders)} holder(s)", file=sys.stderr, flush=True)
 
             async def holder_refs():
-                return (await run_manifest(host, learner_peer))[1]
+                return (await run_manifest(host, learner_peer, token))[1]
 
             async def report(f: Puller):
                 await report_have(host, learner_peer, copy, f)

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 OnServed = Callable[[str, int], None]
 #: Finds the store of a content id (None: not held).
 Lookup = Callable[[bytes], "ChunkStore | None"]
+#: Whether a peer id may read a content (None: anyone may); a refused peer is told "not held".
+Allow = Callable[[str], bool]
 
 
 @dataclass
@@ -54,6 +56,7 @@ class ServeSettings:
 class _Entry:
     store: ChunkStore
     on_served: OnServed | None = None
+    allow: Allow | None = None
 
 
 @dataclass
@@ -81,26 +84,36 @@ class ChunkServer:
             self.host.set_stream_handler(CHUNKS, self._on_stream)
             self._registered = True
 
-    def add(self, content_id: bytes, store: ChunkStore, on_served: OnServed | None = None) -> None:
-        """Serve ``store`` as ``content_id`` (replacing what was served under it)."""
-        self._entries[content_id] = _Entry(store, on_served)
+    def add(self, content_id: bytes, store: ChunkStore, on_served: OnServed | None = None,
+            allow: Allow | None = None) -> None:
+        """Serve ``store`` as ``content_id`` (replacing what was served under it), to the peers
+        ``allow`` accepts (None: any)."""
+        self._entries[content_id] = _Entry(store, on_served, allow)
 
     def remove(self, content_id: bytes) -> None:
         self._entries.pop(content_id, None)
 
-    def add_lookup(self, lookup: Lookup, on_served: OnServed | None = None) -> None:
-        """Serve whatever ``lookup`` finds (asked after the stores added with :meth:`add`)."""
-        self._lookups.append((lookup, on_served))
+    def add_lookup(self, lookup: Lookup, on_served: OnServed | None = None, allow: Allow | None = None) -> None:
+        """Serve whatever ``lookup`` finds (asked after the stores added with :meth:`add`), to the
+        peers ``allow`` accepts (None: any)."""
+        self._lookups.append((lookup, _Entry(None, on_served, allow)))
 
-    def find(self, content_id: bytes) -> tuple[ChunkStore, OnServed | None] | None:
+    def find(self, content_id: bytes, peer: str | None = None) -> tuple[ChunkStore, OnServed | None] | None:
+        """The store of ``content_id`` and its ``on_served`` (None: not held, or ``peer`` may not read it)."""
         entry = self._entries.get(content_id)
-        if entry is not None:
-            return entry.store, entry.on_served
-        for lookup, on_served in self._lookups:
-            store = lookup(content_id)
-            if store is not None:
-                return store, on_served
-        return None
+        if entry is None:
+            for lookup, found in self._lookups:
+                store = lookup(content_id)
+                if store is not None:
+                    entry = _Entry(store, found.on_served, found.allow)
+                    break
+        if entry is None:
+            return None
+        if peer is not None and entry.allow is not None and not entry.allow(peer):
+            log.info("chunks: %s may not read content %s (private run): answered as not held", peer[-8:],
+                     content_id.hex()[:12])
+            return None
+        return entry.store, entry.on_served
 
     async def _on_stream(self, stream, peer: str) -> None:
         s, cap = self.settings, self.host.config.max_frame_bytes
@@ -130,7 +143,7 @@ class ChunkServer:
             await close_stream(stream, reset=not ok)
 
     async def on_chunks(self, msg: ChunkRequest, peer: str) -> ChunkReply:
-        found = self.find(msg.content_id)
+        found = self.find(msg.content_id, peer)
         if found is None:
             return ChunkReply(msg.content_id)
         store, on_served = found

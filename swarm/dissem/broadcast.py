@@ -110,9 +110,12 @@ def to_subtree(node: TreeNode, addrs: dict[str, list[str]]) -> Subtree:
 class Disseminator:
     def __init__(self, host, store: VersionStore, settings: BroadcastSettings | None = None,
                  on_complete: OnComplete | None = None, server: ChunkServer | None = None,
-                 on_unreachable: Callable[[str], None] | None = None) -> None:
+                 on_unreachable: Callable[[str], None] | None = None,
+                 allow: Callable[[str], bool] | None = None) -> None:
         self.host = host
         self.store = store
+        #: Which peers may pull held versions' chunks (None: any; a private run's learner: admitted ones).
+        self.allow = allow
         #: Serves held versions to other peers' repair pulls (the host's, shared with other content).
         self.server = server if server is not None else chunk_server(host)
         self.settings = settings or BroadcastSettings()
@@ -140,7 +143,8 @@ class Disseminator:
 
     def register(self) -> None:
         self.host.set_stream_handler(DISSEM_PUSH, self._on_push)
-        self.server.add_lookup(lambda content_id: self.store.by_content_id(content_id), self._count_served)
+        self.server.add_lookup(lambda content_id: self.store.by_content_id(content_id), self._count_served,
+                               allow=self.allow)
 
     def _count_served(self, peer: str, n: int) -> None:
         self.sent_bytes[peer] = self.sent_bytes.get(peer, 0) + n

@@ -59,6 +59,9 @@ class ModelManifestRequest(Message):
     KIND = "model_manifest_request"
     #: Which model (empty: the run's).
     content_sha256: str = bounded_default("", max_items=64)
+    #: The node's join token, for a private run's learner (``swarm-node join --token``); a
+    #: learner of another kind ignores it.
+    token: str = bounded_default("", max_items=1024)
 
 
 @dataclass

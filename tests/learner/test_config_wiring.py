@@ -45,6 +45,7 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
         'run.name="wiring-test"',
         "pipeline.prompt_tokens=128", "pipeline.in_flight=3", "pipeline.stale_s=100.0",
         "pipeline.usable_fraction=0.8", "pipeline.hop_s=0.01", "pipeline.min_gain=0.3", "pipeline.cooldown_s=7.0",
+        "limits.requests_per_min_peer=999.0", "limits.streams_per_block=77",
     ])
     default = LearnerConfig()
     tasks_made = []
@@ -123,6 +124,10 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
     assert (ps.prompt_tokens, ps.in_flight, ps.stale_s) == (128, 3, 100.0)
     assert (ps.plan.usable_fraction, ps.plan.hop_s, ps.plan.min_gain, ps.plan.cooldown_s) == (0.8, 0.01, 0.3, 7.0)
     assert svc.pipelines.run.in_flight == 3 and svc.pipelines.run.max_tokens == 24 + 128
+
+    checked.add("limits")
+    lim = svc.dissem.host.gate.limits.settings
+    assert (lim.requests_per_min_peer, lim.streams_per_block) == (999.0, 77)
 
     # every section of the config is checked above, and every checked value differs from its default
     assert checked == {f.name for f in dataclasses.fields(LearnerConfig)}
