@@ -17,7 +17,9 @@ from typing import Any, Literal, get_args
 from swarm.addrs import check_announce, split_peer_id
 from swarm.config import ConfigError
 from swarm.discovery.keys import check_run_name
+from swarm.nat.config import NatConfig
 from swarm.limits import LimitSettings
+from learner.replay import ReplayConfig
 
 Precision = Literal["auto", "bf16", "autocast", "fp32"]
 LossKind = Literal["ppo_clip", "tis", "decoupled"]
@@ -289,15 +291,18 @@ class LearnerConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     dissem: DissemConfig = field(default_factory=lambda: DissemConfig())
     dashboard: DashboardConfig = field(default_factory=lambda: DashboardConfig())
+    #: Circuit relay v2 and hole punching (``swarm/nat``): the learner serves the relay by default.
+    nat: NatConfig = field(default_factory=lambda: NatConfig(serve_relay=True))
     verify: VerifyConfig = field(default_factory=lambda: VerifyConfig())
     run: RunConfig = field(default_factory=lambda: RunConfig())
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig())
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     #: Budgets per connection, peer id and address block on every incoming stream (``swarm/limits.py``).
     limits: LimitSettings = field(default_factory=LimitSettings)
 
     def validate(self) -> LearnerConfig:
         """Check every section with a ``validate()`` and the rules across sections; returns self."""
-        for section in (self.lora, self.train, self.sync, self.network, self.run, self.verify):
+        for section in (self.lora, self.train, self.sync, self.network, self.run, self.verify, self.replay):
             section.validate()
         t, sy = self.train, self.sync
         require(sy.mode != "async" or sy.buffer_limit(t.prompts_per_step) >= t.prompts_per_step,
@@ -388,6 +393,14 @@ class DissemConfig:
     #: Deadline (s) of a node's whole dial-back, however many addresses it advertises. The
     #: node waits for the registration reply meanwhile: keep it below the node's 10 s deadline.
     dial_back_budget_s: float = 8.0
+    #: Plan the tree along links (``swarm/discovery/links.py``): a node that cannot be dialled
+    #: is fed by a dialable parent it dials itself (connection reversal), and one that punched
+    #: holes relays. False: such nodes are leaves the learner feeds (the behaviour before links).
+    links: bool = True
+    #: Deadline (s) of the learner's connection-reversal requests before a push starts (the
+    #: nodes dial in parallel; a dial not made by then leaves that parent to feed the node's
+    #: children itself).
+    link_dial_timeout_s: float = 10.0
 
 
 @dataclass
@@ -420,6 +433,11 @@ class VerifyConfig:
     #: for rollouts, beside the nodes when they share the machine: 1 takes one core's compute and
     #: no more (a pool as wide as the machine slows down sharply on shared cores).
     torch_threads: int = 1
+    #: Sequential mode (one rank): check the picked groups on the training step's own forward
+    #: (``learner/step_check.py``: one forward, not two; held groups are trained only after
+    #: their check passed, in the same step). Off, or in async mode: a separate re-scoring pass
+    #: while the learner waits for rollouts, as before.
+    in_step: bool = True
 
     def validate(self) -> None:
         require(0.0 <= self.sample_frac <= 1.0, f"verify.sample_frac must be in [0, 1], got {self.sample_frac}")
@@ -427,8 +445,3 @@ class VerifyConfig:
         require(self.budget_s_per_step >= 0, f"verify.budget_s_per_step must be >= 0, got {self.budget_s_per_step}")
         require(self.precision in ("train", "fp32"), f"verify.precision must be train or fp32, got {self.precision!r}")
         require(self.torch_threads >= 0, f"verify.torch_threads must be >= 0, got {self.torch_threads}")
-    #: Sequential mode (one rank): check the picked groups on the training step's own forward
-    #: (``learner/step_check.py``: one forward, not two; held groups are trained only after
-    #: their check passed, in the same step). Off, or in async mode: a separate re-scoring pass
-    #: while the learner waits for rollouts, as before.
-    in_step: bool = True

@@ -38,6 +38,7 @@ import trio
 
 from learner.adapter_versions import AdapterVersions
 from learner.config import DissemConfig
+from learner.links import LearnerLinks
 from learner.relay_rates import RelayRates
 from common.lora import LoraAdapter
 from swarm.dissem.broadcast import BroadcastSettings, Disseminator, to_subtree
@@ -48,7 +49,8 @@ from swarm.dissem.manifest import (
 )
 from swarm.dissem.store import Assembly, VersionStore
 from swarm.discovery.reach import Reach, dial_back, remote_ip_of
-from swarm.dissem.tree import Member, Plan, build_plan, split_by_range
+from swarm.discovery.links import Links
+from swarm.dissem.tree import Member, Plan, build_plan, link_dials, split_by_range
 from swarm.pipeline.layers import slice_for_range
 from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
 from swarm.proto.adapter import AdapterReply
@@ -107,6 +109,8 @@ class LearnerDissem:
         self.reach: dict[str, tuple[tuple[str, ...], Reach]] = {}
         #: version -> the nodes its plan made relays.
         self.relays: dict[int, list[str]] = {}
+        #: Links between members (dial-backs, hole punches) and the reversals asked for.
+        self.links = LearnerLinks(host, cfg.link_dial_timeout_s)
 
     def register(self) -> None:
         self.dis.register()
@@ -163,18 +167,28 @@ class LearnerDissem:
 
     def drop(self, peer_id: str) -> None:
         self.rates.forget(peer_id)
+        self.links.forget(peer_id)
         if self.members.pop(peer_id, None) is not None:
             log.warning("dissem: dropped unreachable node %s from the broadcast plan", peer_id[-6:])
 
-    def plan(self, members: list[Member], layer_range: LayerRange = None) -> Plan:
-        """The broadcast plan for ``members`` (those serving ``layer_range``), rebuilt only
-        when they changed."""
+    def link_snapshot(self) -> Links | None:
+        """The links the plans follow (None with ``links = false``: NAT'd nodes are learner-fed leaves)."""
+        if not self.cfg.links:
+            return None
+        return self.links.snapshot([p for p, m in self.members.items() if m.reachable],
+                                   {p: "dial-back: " + r.summary() for p, (_a, r) in self.reach.items() if not r.reachable})
+
+    def plan(self, members: list[Member], layer_range: LayerRange = None, links: Links | None = None) -> Plan:
+        """The broadcast plan for ``members`` (those serving ``layer_range``) along ``links``,
+        rebuilt only when they changed."""
         members = [dataclasses.replace(m, upload_bps=self.rates.placement_bps(m.peer_id)) for m in members]
         key = (tuple(sorted((m.peer_id, m.upload_bps, m.reachable) for m in members)), self.cfg.mode,
-               self.cfg.fan_out, self.cfg.stripes)
+               self.cfg.fan_out, self.cfg.stripes, None if links is None else sorted(map(sorted, links.punched)))
         held = self._plans.get(layer_range)
         if held is None or held[0] != key:
-            plan = build_plan(members, self.cfg.mode, self.cfg.fan_out, self.cfg.stripes)
+            plan = build_plan(members, self.cfg.mode, self.cfg.fan_out, self.cfg.stripes, links=links)
+            if links is not None:
+                self.links.log_roles(links, [m.peer_id for m in members])
             log.info("dissem: %s plan of %s over %d node(s): %d stripe(s), depth %d, relays %s, "
                      "unreachable leaves %s", plan.mode, describe(layer_range), len(members), plan.stripes,
                      plan.depth(), sorted(p[-6:] for p in plan.relays()),
@@ -241,6 +255,7 @@ class LearnerDissem:
         groups = {None: [], **{r: [] for r in ranges}, **split_by_range(chosen)}
         self.started_at[adapter.version] = time.time()
         relays: set[str] = set()
+        links = self.link_snapshot()
         for rng, group in groups.items():
             asm = asms.get(rng)
             if asm is None:
@@ -249,13 +264,21 @@ class LearnerDissem:
                             len(group), [list(r) for r in ranges])
                 continue
             holders = [PeerRef(m.peer_id, list(m.addrs)) for m in group if m.reachable]
-            plan = self.plan(group, rng)
+            plan = self.plan(group, rng, links)
             relays |= plan.relays()
             self.dis.keep_instructions(self.sign_layout(asm.version, plan, group, holders, rng))
-            self._nursery.start_soon(self.dis.broadcast, asm, plan, holders)
+            self._nursery.start_soon(self._push, asm, plan, holders, links, group)
             self._nursery.start_soon(self._watch, asm, plan, group, holders)
         self.relays[adapter.version] = sorted(relays)
         return _reply(adapter, recon)
+
+    async def _push(self, asm: Assembly, plan: Plan, holders: list[PeerRef], links: Links | None,
+                    group: list[Member]) -> None:
+        """Ask the nodes that must dial their parents to do so (connection reversal), then push."""
+        if links is not None and plan.mode == "tree":
+            addrs = {m.peer_id: list(m.addrs) for m in group}
+            await self.links.connect(link_dials(plan, links), addrs, f"v{asm.version} ({describe(asm.layer_range)})")
+        await self.dis.broadcast(asm, plan, holders)
 
     def sign_layout(self, version: int, plan: Plan | None, chosen: list[Member], holders: list[PeerRef],
                     layer_range: LayerRange = None):
@@ -364,7 +387,12 @@ class LearnerDissem:
                                                "sources": dict(h.sources), "completed_at": h.completed_at}
                                            for p, h in reports.items()}}
                          for v, reports in sorted(self.have.items())},
+            "links": self.link_summary(),
         }
+
+    def link_summary(self) -> dict:
+        """Each member's role (relay or leaf, and why), the punched pairs and the reversals asked for."""
+        return self.links.summary(self.link_snapshot() or Links(), self.members)
 
     async def wait_members(self, n: int, timeout_s: float) -> bool:
         """Wait until at least ``n`` nodes are registered; False on timeout."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 
@@ -32,6 +32,7 @@ from learner.coordinator import Coordinator
 from learner.dissem import LearnerDissem
 from learner.episodes import EpisodeSettings
 from learner.lease_gate import GateSettings, LeaseGate
+from learner.ledger import WorkLedger
 from learner.model_serve import HELLO_MODEL_NAME_KEY, LearnerModelServe, hello_model_check
 from learner.pipelines import PipelineManager, PipelineSettings, describe_pipelines, stage_adapter, stage_report
 from learner.verify import Verifier
@@ -120,7 +121,8 @@ class LearnerService:
                  episode: EpisodeSettings | None = None, dissem: LearnerDissem | None = None,
                  model_serve: LearnerModelServe | None = None,
                  console: Callable[[str], None] | None = None,
-                 probe: Callable[[str], Awaitable[bool]] | None = None) -> None:
+                 probe: Callable[[str], Awaitable[bool]] | None = None,
+                 ledger: WorkLedger | None = None, replay: Any = None) -> None:
         self.coordinator = coordinator
         self.settings = settings
         self.versions = versions if versions is not None else AdapterVersions()
@@ -136,6 +138,8 @@ class LearnerService:
         #: The learner's own probe of a stage a head reported lost (``learner.pipelines.stage_alive``);
         #: None: the head's report alone is taken as evidence (harnesses without a host).
         self.probe = probe
+        #: Work per node over the run (``learner/ledger.py``): pushed, verified by which test, trained.
+        self.ledger = ledger if ledger is not None else WorkLedger()
         #: Completions accepted per peer since the last :meth:`take_contributions`.
         self.contributions: dict[str, int] = {}
         self.changes = Changes()
@@ -144,7 +148,8 @@ class LearnerService:
         self.desk = WorkDesk(coordinator, self.pipelines, LeaseGate(s.gate), self.changes, sampling=s.sampling,
                              group_size=s.group_size, long_poll_s=s.long_poll_s, admission=admission, episode=episode)
         self.checks = None if verifier is None else VerifyQueue(
-            verifier, coordinator, self.changes, backend_of=self._backend_of, untrust=self.untrust, credit=self.credit)
+            verifier, coordinator, self.changes, backend_of=self._backend_of, untrust=self.untrust, credit=self.credit,
+            replay=replay, on_checked=self.ledger.checked)
 
     # -- wiring ----------------------------------------------------------------------------
     def register(self, host) -> None:
@@ -206,13 +211,19 @@ class LearnerService:
                 await self.wait_changed()
 
     def swarm_summary(self) -> dict:
-        """Per-node figures for ``swarm.json`` (used by the capacity tool's validation)."""
+        """Per-node figures for ``swarm.json`` (used by the capacity tool's validation), with each
+        node's link role (relay or leaf, and why) when adapters are pushed."""
+        links = self.dissem.link_summary() if self.dissem is not None else {}
+        roles = links.get("roles", {})
         return {"nodes": {p: {
             "backend": n.hello.backend, "device": n.hello.device, "tokens_per_s": n.hello.tokens_per_s,
             "memory_bytes": n.hello.memory_bytes, "groups": n.groups_pushed, "completions": n.completions_pushed,
             "rejected_groups": n.rejected_groups, "gen_s": round(n.gen_s, 3), "gen_tokens": n.gen_tokens,
+            **({"link_role": roles[p]["kind"], "link_why": roles[p]["why"]} if p in roles else {}),
         } for p, n in self.nodes.items()}, "pipelines": self.pipelines.summary(),
-            "pipeline_plans": self.pipelines.history[-50:], "failovers": dict(self.coordinator.failovers)}
+            "pipeline_plans": self.pipelines.history[-50:], "failovers": dict(self.coordinator.failovers),
+            "work": self.ledger.summary(),
+            "links": links}
 
     def credit(self, peer_id: str, completions: int) -> None:
         """Count ``completions`` of ``peer_id`` as accepted (a push, or a held push once verified)."""
@@ -252,6 +263,7 @@ class LearnerService:
         """Mark ``peer_id`` untrusted for the run: refused at join, leases revoked, its untrained
         groups (completed or held for verification) dropped (``unverified``) and pending again
         for other nodes."""
+        self.ledger.untrusted(peer_id, reason)
         if self.admission is not None:
             self.admission.mark_untrusted(peer_id, reason)
         back = self.coordinator.revoke_peer(peer_id, "unverified")
@@ -345,6 +357,7 @@ class LearnerService:
         node.rejected_groups += len(rejected)
         node.gen_tokens += msg.gen_tokens
         node.gen_s += msg.gen_s
+        self.ledger.pushed(peer_id, node.hello.backend, len(accepted), len(rejected), msg.gen_tokens)
         if held is None:
             self.credit(peer_id, n_completions)
         for gid, reason in rejected.items():

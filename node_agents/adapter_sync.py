@@ -28,6 +28,7 @@ import logging
 import trio
 
 from common.lora import LoraAdapter
+from node_agents.links import LinkDialer, Punch
 from swarm.dissem.broadcast import Disseminator
 from swarm.dissem.codec import CodecError
 from swarm.dissem.manifest import LayerRange, ManifestError, decode_version, describe, layers_of, normalise_ranges
@@ -47,8 +48,11 @@ CONTROL_TIMEOUT_S = 10.0
 
 
 class AdapterSync:
-    def __init__(self, host, learner_peer: str, upload_bps: float = 0.0) -> None:
+    def __init__(self, host, learner_peer: str, upload_bps: float = 0.0, punch: Punch | None = None) -> None:
         self.host = host
+        #: Dials the peers the learner names (connection reversal: a parent or pipeline head
+        #: that cannot dial this node sends over the connection this node opens).
+        self.links = LinkDialer(host, learner_peer, punch)
         self.learner_peer = learner_peer
         self.upload_bps = upload_bps
         self.store = VersionStore(learner_peer, run_id=None)
@@ -92,6 +96,7 @@ class AdapterSync:
     def register(self) -> None:
         if not self._registered:
             self.dis.register()
+            self.links.register()
             self._registered = True
 
     async def join(self, run_id: str) -> None:

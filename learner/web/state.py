@@ -106,6 +106,8 @@ def nodes_view(service, now: float) -> list[dict]:
     dissem = getattr(service, "dissem", None)
     held = _held_versions(coord, dissem)
     members = getattr(dissem, "members", None) or {}
+    link_summary = getattr(dissem, "link_summary", None)
+    roles = link_summary().get("roles", {}) if callable(link_summary) else {}
     oldest_pushed: dict[str, int] = {}  # peer -> oldest version among its rollouts not yet trained
     for group in (getattr(coord, "completed", None) or {}).values():
         v = group.result.version
@@ -137,6 +139,8 @@ def nodes_view(service, now: float) -> list[dict]:
             "last_seen_s": round(max(0.0, now - n.last_seen), 1),
             "in_broadcast": peer in members,
         }
+        if peer in roles:  # relay or leaf in the broadcast, and why (swarm/discovery/links.py)
+            row["link"], row["link_why"] = roles[peer]["kind"], roles[peer]["why"]
         for attr, column in OPTIONAL_NODE_FIELDS.items():
             value = getattr(n, attr, None)
             if value is None:
