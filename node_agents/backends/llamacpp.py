@@ -64,6 +64,14 @@ def _init_llama_cpp():
     return llama_cpp
 
 
+def llama_build() -> str:
+    """This process's llama.cpp: the llama-cpp-python release and ggml's CPU feature line (two
+    builds agree on a token only when both match)."""
+    lc = _init_llama_cpp()
+    info = lc.llama_print_system_info().decode("utf-8", "replace").strip()
+    return f"llama-cpp-python {getattr(lc, '__version__', '?')} | {info}"[:512]
+
+
 class LlamaCppBackend:
     """``Backend`` on llama.cpp. ``n_ctx`` is per sequence (prompt + completion).
 
@@ -138,6 +146,9 @@ class LlamaCppBackend:
         if kv_f32 is None and self._meta_str(b"general.file_type") == "0":  # all F32
             kv_f32, flash_attn = True, False if flash_attn is None else flash_attn
         self.kv_f32 = bool(kv_f32)
+        #: ``auto`` (llama.cpp's choice), ``on`` or ``off``: part of the numerics (``numerics``)
+        self.flash_attn = "auto" if flash_attn is None else ("on" if flash_attn else "off")
+        self.kv_unified = bool(kv_unified)
         if flash_attn is not None:
             cparams.flash_attn_type = 1 if flash_attn else 0
         if kv_f32:
@@ -176,9 +187,20 @@ class LlamaCppBackend:
             memory_bytes=int(hw.ram_bytes),
             # set by node_agents.probe.probe_throughput at join (0 until measured)
             tokens_per_s=float(getattr(self, "measured_tokens_per_s", 0.0)),
-            extra={**hw.extra(), "model": self.gguf_path.name, "n_ctx": str(self.n_ctx),
-                   "max_group": str(self.max_group), "n_threads": str(self.n_threads)},
+            extra={**hw.extra(), "model": self.gguf_path.name, "n_threads": str(self.n_threads), **self.numerics()},
         )
+
+    def numerics(self) -> dict[str, str]:
+        """What fixes this context's logits, for a replay of its groups (``learner.replay``): the
+        llama.cpp build and CPU features, the GGUF's SHA-256 and the decoding layout. The thread
+        count is left out: it does not change a token (``swarm-bench replay-exactness``)."""
+        if getattr(self, "_gguf_sha256", None) is None:
+            from swarm.content.model_id import file_sha256
+
+            self._gguf_sha256 = file_sha256(self.gguf_path)
+        return {"llama_build": llama_build(), "gguf_sha256": self._gguf_sha256, "max_group": str(self.max_group),
+                "n_batch": str(self.n_batch), "n_ctx": str(self.n_ctx), "kv_type": "f32" if self.kv_f32 else "f16",
+                "flash_attn": self.flash_attn, "kv_unified": "1" if self.kv_unified else "0"}
 
     @property
     def adapter_version(self) -> int:

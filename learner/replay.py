@@ -1,0 +1,162 @@
+"""Exact verification: a sampled group is generated again from its lease's seed on the node's own
+numerics, and the pushed tokens must be the replay's, token for token.
+
+Every completion's sampling is a pure function of the lease's seed and the logits
+(``node_agents.backends.sampling``), and llama.cpp on a CPU computes the same logits for the same
+build, GGUF, adapter and decoding layout, whatever the thread count (``docs/benchmarks.md``,
+"Exact replay"). So for a node that declares such numerics the learner need not judge likelihood:
+it replays (``learner.replay_llamacpp``) and compares. Any token a node wrote itself, greedy text,
+an adapter only slightly off the lease's, or a few inserted tokens part from the replay at once;
+log-probs of identical tokens must agree within ``replay.max_logprob_diff`` (the replay's own
+noise: 0 measured; the bound only absorbs float formatting).
+
+Pure parts here: the numerics a node declares (:func:`numerics_of`, strict: anything odd is "not
+replayable", never an error), whether the learner can reproduce them (:func:`replayable`), the
+comparison (:func:`compare_group`) and the per-step budget (:class:`ReplayBudget`). Groups the
+learner cannot replay keep the statistical check (``learner.verify``) or go to validator peers
+(``learner.validators``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from swarm.config import ConfigError
+
+#: Keys of a llama.cpp node's hello ``extra`` that fix its numerics (written by the backend's
+#: ``capabilities``); every one must be present for a replay.
+NUMERICS_KEYS = ("llama_build", "gguf_sha256", "max_group", "n_batch", "n_ctx", "kv_type", "flash_attn", "kv_unified")
+#: Bounds on the declared layout the learner is willing to reproduce (a context per layout).
+MAX_GROUP_LIMIT, N_BATCH_LIMIT, N_CTX_LIMIT = 64, 8192, 131072
+
+
+@dataclass
+class ReplayConfig:
+    """Exact verification by replay (``learner/replay.py``): the groups the verify queue picks
+    from nodes whose numerics the learner reproduces are replayed instead of re-scored."""
+
+    #: Replay llama.cpp CPU nodes' picked groups when their numerics match the learner's build.
+    enabled: bool = True
+    #: Most seconds of replay per learner step beyond nodes' first groups (0 = no limit); when
+    #: spent, a picked group falls back to the statistical check.
+    budget_s_per_step: float = 30.0
+    #: Largest |pushed - replayed| log-prob of an identical token (the replay's own noise is 0 on
+    #: the same build; this absorbs float formatting only).
+    max_logprob_diff: float = 1e-4
+    #: Threads of the learner's llama.cpp replayer (the result does not depend on it).
+    threads: int = 1
+    #: Replayer contexts kept (one per distinct declared layout).
+    contexts: int = 2
+
+    def validate(self) -> None:
+        if not (self.budget_s_per_step >= 0 and math.isfinite(self.budget_s_per_step)):
+            raise ConfigError(f"replay.budget_s_per_step must be >= 0, got {self.budget_s_per_step}")
+        if not self.max_logprob_diff >= 0:
+            raise ConfigError(f"replay.max_logprob_diff must be >= 0, got {self.max_logprob_diff}")
+        if self.threads < 1 or self.contexts < 1:
+            raise ConfigError("replay.threads and replay.contexts must be >= 1")
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """What fixes a llama.cpp node's logits: build (release and CPU feature set), the GGUF's
+    content hash, and the decoding layout of its context."""
+
+    llama_build: str
+    gguf_sha256: str
+    max_group: int
+    n_batch: int
+    n_ctx: int
+    kv_type: str
+    flash_attn: str
+    kv_unified: bool
+
+    def layout(self) -> tuple:
+        """The part a replayer context is built for (one context per distinct layout)."""
+        return (self.max_group, self.n_batch, self.n_ctx, self.kv_type, self.flash_attn, self.kv_unified)
+
+
+def _int(text: str, lo: int, hi: int) -> int | None:
+    if not isinstance(text, str) or not text.isdigit() or len(text) > 7:
+        return None
+    v = int(text)
+    return v if lo <= v <= hi else None
+
+
+def numerics_of(backend: str, extra: dict) -> Numerics | None:
+    """The numerics a node declared in its hello, or ``None`` when it is not a llama.cpp CPU node
+    or any field is missing or out of bounds (such a node is simply not replayed)."""
+    if backend != "llamacpp" or not isinstance(extra, dict) or any(k not in extra for k in NUMERICS_KEYS):
+        return None
+    build, sha = str(extra["llama_build"]), str(extra["gguf_sha256"])
+    max_group = _int(extra["max_group"], 1, MAX_GROUP_LIMIT)
+    n_batch = _int(extra["n_batch"], 1, N_BATCH_LIMIT)
+    n_ctx = _int(extra["n_ctx"], 16, N_CTX_LIMIT)
+    kv_type, flash, unified = extra["kv_type"], extra["flash_attn"], extra["kv_unified"]
+    if (None in (max_group, n_batch, n_ctx) or not build or len(build) > 512 or len(sha) != 64
+            or any(c not in "0123456789abcdef" for c in sha) or kv_type not in ("f16", "f32")
+            or flash not in ("auto", "on", "off") or unified not in ("0", "1")):
+        return None
+    return Numerics(build, sha, max_group, n_batch, n_ctx, kv_type, flash, unified == "1")
+
+
+def replayable(node: Numerics | None, own_build: str, own_gguf_sha256: str) -> bool:
+    """Whether the learner's replayer reproduces ``node`` exactly: same llama.cpp build and CPU
+    feature set, and the same GGUF file (hence quantisation)."""
+    return node is not None and node.llama_build == own_build and node.gguf_sha256 == own_gguf_sha256
+
+
+def compare_group(pushed: Sequence[tuple[Sequence[int], Sequence[float]]],
+                  replayed: Sequence[tuple[Sequence[int], Sequence[float]]], max_logprob_diff: float) -> str | None:
+    """Why a pushed group is not its replay (``None``: identical). Each side lists per completion
+    (token ids, log-probs). Tokens must be equal exactly; log-probs within ``max_logprob_diff``."""
+    if len(pushed) != len(replayed):
+        return f"{len(pushed)} completions pushed, the replay made {len(replayed)}"
+    for j, ((pt, pl), (rt, rl)) in enumerate(zip(pushed, replayed)):
+        pt, rt = list(pt), list(rt)
+        if pt != rt:
+            at = next((i for i, (a, b) in enumerate(zip(pt, rt)) if a != b), min(len(pt), len(rt)))
+            got = pt[at] if at < len(pt) else "end"
+            want = rt[at] if at < len(rt) else "end"
+            return (f"completion {j} leaves the replay at token {at} of {len(pt)} "
+                    f"(pushed {got}, the lease's seed gives {want})")
+        diffs = [abs(float(a) - float(b)) for a, b in zip(pl, rl)]
+        worst = max(diffs, default=0.0)
+        if len(pl) != len(rl) or not all(d <= max_logprob_diff for d in diffs):  # NaN is a mismatch
+            worst = math.nan if any(d != d for d in diffs) else worst
+            return (f"completion {j}: log-probs differ from the replay's by up to {worst:.3g} "
+                    f"(at most {max_logprob_diff})")
+    return None
+
+
+@dataclass
+class ReplayBudget:
+    """Seconds of replay per learner step: a peer's first groups (``first_groups``) are always
+    replayed and never charged; established peers' replays are charged at the measured cost of
+    one replayed group and allowed while the step's budget lasts (0 = no limit)."""
+
+    budget_s_per_step: float
+    first_groups: int
+    #: Replays charged this step, and the measured seconds of one replayed group (last one).
+    charged: int = 0
+    group_s: float = 0.0
+    seen: dict[str, int] = field(default_factory=dict)
+
+    def allow(self, peer_id: str) -> bool:
+        """Whether a group of ``peer_id`` that verification picked may be replayed now."""
+        n = self.seen.get(peer_id, 0)
+        self.seen[peer_id] = n + 1
+        if n < self.first_groups:
+            return True
+        if self.budget_s_per_step > 0 and self.charged * self.group_s >= self.budget_s_per_step:
+            return False
+        self.charged += 1
+        return True
+
+    def measured(self, seconds_per_group: float) -> None:
+        self.group_s = float(seconds_per_group)
+
+    def new_step(self) -> None:
+        self.charged = 0

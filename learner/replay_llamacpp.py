@@ -1,0 +1,153 @@
+"""The learner's own llama.cpp replayer (``learner/replay.py``): a sampled group of a llama.cpp CPU
+node generated again with the node's declared layout, the learner's llama.cpp build and GGUF, the
+lease's adapter version and the group's seed, then compared token for token.
+
+One llama.cpp context per distinct declared layout (``replay.contexts`` kept, least recently used
+dropped), the adapter swapped when a group's version differs from the context's. Blocking: the
+verify queue calls :meth:`LlamaCppReplay.check_groups` in a worker thread, one at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable
+
+from learner.replay import Numerics, ReplayBudget, ReplayConfig, compare_group, replayable
+from learner.work_desk import SamplingDefaults
+from swarm.proto.work import group_seed
+
+log = logging.getLogger("echo_swarm.learner")
+
+
+class LlamaCppReplay:
+    """Chooses, runs and judges replays of llama.cpp CPU nodes' groups.
+
+    ``numerics_of(peer)``: the peer's declared :class:`~learner.replay.Numerics` (None: not a
+    replayable node); ``adapter_of(version)``: the published adapter of a version (a
+    ``common.lora.LoraAdapter``). ``build`` and ``gguf_sha256`` are the learner's own (computed
+    by :meth:`open` when not given)."""
+
+    def __init__(self, cfg: ReplayConfig, gguf_path: str | Path, sampling: SamplingDefaults, *,
+                 numerics_of: Callable[[str], Numerics | None], adapter_of: Callable[[int], Any],
+                 first_groups: int, build: str = "", gguf_sha256: str = "") -> None:
+        self.cfg = cfg
+        self.gguf_path = Path(gguf_path)
+        self.sampling = sampling
+        self.numerics_of = numerics_of
+        self.adapter_of = adapter_of
+        self.build = build
+        self.gguf_sha256 = gguf_sha256
+        self.budget = ReplayBudget(cfg.budget_s_per_step, first_groups)
+        self._contexts: OrderedDict[tuple, Any] = OrderedDict()
+        #: Figures since the last :meth:`take_metrics`, and per-run totals.
+        self.groups = self.failed = 0
+        self.spent_s = 0.0
+        self.total = {"groups": 0, "failed": 0, "s": 0.0}
+
+    def open(self) -> "LlamaCppReplay":
+        """Learn this process's llama.cpp build and the GGUF's hash (blocking; once)."""
+        from node_agents.backends.llamacpp import llama_build
+        from swarm.content.model_id import file_sha256
+
+        self.build = self.build or llama_build()
+        self.gguf_sha256 = self.gguf_sha256 or file_sha256(self.gguf_path)
+        return self
+
+    def choose(self, peer_id: str, result: Any) -> bool:
+        """Whether a group verification picked is replayed (else it is re-scored statistically):
+        the peer's numerics are reproducible here, the group is single-turn, and the step's replay
+        budget allows it."""
+        if any(c.mask for c in result.completions):
+            return False  # multi-turn: environment tokens are not the model's to replay
+        if not replayable(self.numerics_of(peer_id), self.build, self.gguf_sha256):
+            return False
+        return self.budget.allow(peer_id)
+
+    def _context(self, n: Numerics):
+        from node_agents.backends.llamacpp import LlamaCppBackend
+
+        key = n.layout()
+        ctx = self._contexts.get(key)
+        if ctx is not None:
+            self._contexts.move_to_end(key)
+            return ctx
+        while len(self._contexts) >= self.cfg.contexts:
+            self._contexts.popitem(last=False)[1].close()
+        flash = None if n.flash_attn == "auto" else n.flash_attn == "on"
+        ctx = LlamaCppBackend(self.gguf_path, n_ctx=n.n_ctx, n_threads=self.cfg.threads, n_batch=n.n_batch,
+                              max_group=n.max_group, kv_f32=n.kv_type == "f32", kv_unified=n.kv_unified,
+                              flash_attn=flash)
+        self._contexts[key] = ctx
+        return ctx
+
+    def replay(self, n: Numerics, group_id: str, prompt_ids: list[int], size: int, version: int) -> list:
+        """The group as the lease's seed makes it under ``n``: per completion (token ids, log-probs)."""
+        from node_agents.backends.base import SamplingParams
+
+        ctx = self._context(n)
+        if ctx.adapter_version != version:
+            ctx.set_adapter(self.adapter_of(version))
+        s = self.sampling
+        params = SamplingParams(s.temperature, s.top_p, s.max_tokens, group_seed(s.seed, group_id))
+        return [(c.token_ids, c.logprobs) for c in ctx.generate_group(list(prompt_ids), size, params)]
+
+    def check_groups(self, items: list[tuple[str, str, list[int], Any]]) -> list[str | None]:
+        """Replay and compare (peer id, group id, prompt ids, pushed ``GroupResult``) each; per
+        group the reason it fails (``None``: identical to its replay)."""
+        out = []
+        for peer, gid, prompt, result in items:
+            t0 = time.perf_counter()
+            n = self.numerics_of(peer)
+            if n is None:  # the peer left (untrusted meanwhile): nothing to replay against
+                out.append(None)
+                continue
+            got = self.replay(n, gid, prompt, len(result.completions), result.version)
+            reason = compare_group([(c.token_ids, c.logprobs) for c in result.completions], got,
+                                   self.cfg.max_logprob_diff)
+            elapsed = time.perf_counter() - t0
+            self.budget.measured(elapsed)
+            self.groups += 1
+            self.failed += reason is not None
+            self.spent_s += elapsed
+            self.total["groups"] += 1
+            self.total["failed"] += reason is not None
+            self.total["s"] += elapsed
+            out.append(None if reason is None else f"replay: {reason}")
+        return out
+
+    def take_metrics(self) -> dict[str, float]:
+        """This step's replays: groups, failed, seconds and seconds per group (``replay_*``)."""
+        out = {"replay_groups": self.groups, "replay_failed": self.failed, "replay_s": round(self.spent_s, 3)}
+        if self.groups:
+            out["replay_s_per_group"] = round(self.spent_s / self.groups, 3)
+        self.groups = self.failed = 0
+        self.spent_s = 0.0
+        self.budget.new_step()
+        return out
+
+    def close(self) -> None:
+        while self._contexts:
+            self._contexts.popitem()[1].close()
+
+
+def build_replay(cfg, gguf_path: str | Path | None, versions, nodes: dict) -> LlamaCppReplay | None:
+    """The run's replayer (``[replay]``), or None: replay or verification off, or no GGUF of the
+    run's model on the learner (an HF model directory: its nodes keep the statistical check).
+    ``versions``: the published adapters (``learner.adapter_versions.AdapterVersions``); ``nodes``:
+    the service's peers (their hellos declare their numerics)."""
+    from learner.replay import numerics_of
+
+    if not (cfg.replay.enabled and cfg.verify.enabled) or gguf_path is None:
+        return None
+    t = cfg.train
+
+    def declared(peer: str) -> Numerics | None:
+        node = nodes.get(peer)
+        return None if node is None else numerics_of(node.hello.backend, node.hello.extra)
+
+    return LlamaCppReplay(cfg.replay, gguf_path, SamplingDefaults(t.temperature, t.top_p, t.max_tokens, t.seed),
+                          numerics_of=declared, adapter_of=lambda v: versions.get(v).to_adapter(),
+                          first_groups=cfg.verify.first_groups)

@@ -1,0 +1,117 @@
+"""The pure parts of exact verification (``learner/replay.py``): declared numerics, whether the
+learner reproduces them, the comparison and the budget; and the work ledger (``learner/ledger.py``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from learner.ledger import WorkLedger
+from learner.replay import ReplayBudget, ReplayConfig, compare_group, numerics_of, replayable
+from swarm.config import ConfigError
+
+SHA = "ab" * 32
+EXTRA = {"llama_build": "llama-cpp-python 0.3.36 | CPU : AVX2 = 1", "gguf_sha256": SHA, "max_group": "8",
+         "n_batch": "512", "n_ctx": "2048", "kv_type": "f16", "flash_attn": "auto", "kv_unified": "0",
+         "n_threads": "2", "cores": "2"}
+
+
+def test_numerics_are_read_from_a_llamacpp_hello():
+    n = numerics_of("llamacpp", EXTRA)
+    assert n is not None and n.max_group == 8 and n.n_ctx == 2048 and n.kv_unified is False
+    assert n.layout() == (8, 512, 2048, "f16", "auto", False)
+    assert replayable(n, EXTRA["llama_build"], SHA)
+    assert not replayable(n, "llama-cpp-python 0.3.36 | CPU : AVX512 = 1", SHA)  # another build
+    assert not replayable(n, EXTRA["llama_build"], "cd" * 32)  # another GGUF (quantisation)
+    assert not replayable(None, EXTRA["llama_build"], SHA)
+
+
+@pytest.mark.parametrize("change", [
+    {"max_group": "0"}, {"max_group": "65"}, {"max_group": "-1"}, {"max_group": "8.0"}, {"max_group": "1e3"},
+    {"n_batch": "99999999"}, {"n_ctx": "8"}, {"gguf_sha256": "AB" * 32}, {"gguf_sha256": "ab"},
+    {"kv_type": "q8_0"}, {"flash_attn": "yes"}, {"kv_unified": "true"}, {"llama_build": ""},
+    {"llama_build": "x" * 600}, {"max_group": 8},
+])
+def test_odd_declarations_make_a_node_not_replayable_never_an_error(change):
+    assert numerics_of("llamacpp", {**EXTRA, **change}) is None
+
+
+def test_only_llamacpp_nodes_with_every_field_are_replayable():
+    assert numerics_of("torch", EXTRA) is None and numerics_of("mlx", EXTRA) is None
+    for key in ("llama_build", "gguf_sha256", "kv_type"):
+        assert numerics_of("llamacpp", {k: v for k, v in EXTRA.items() if k != key}) is None
+    assert numerics_of("llamacpp", "not a dict") is None
+
+
+def group(*tokens):
+    return [(list(t), [-0.5] * len(t)) for t in tokens]
+
+
+def test_identical_groups_pass_and_any_token_difference_fails():
+    g = group([1, 2, 3], [4, 5])
+    assert compare_group(g, group([1, 2, 3], [4, 5]), 1e-4) is None
+    why = compare_group(group([1, 2, 3], [4, 9, 9, 9, 5]), g, 1e-4)
+    assert why is not None and "completion 1 leaves the replay at token 1" in why and "pushed 9" in why
+    assert "token 3" in compare_group(group([1, 2, 3, 4]), group([1, 2, 3]), 1e-4)  # one token too many
+    assert "pushed end" in compare_group(group([1, 2]), group([1, 2, 3]), 1e-4)  # cut short
+    assert "2 completions pushed" in compare_group(g, group([1, 2, 3]), 1e-4)
+
+
+def test_log_probs_must_agree_within_the_bound_nan_included():
+    g = group([1, 2, 3])
+    assert compare_group([([1, 2, 3], [-0.5, -0.50005, -0.5])], g, 1e-4) is None
+    assert "log-probs differ" in compare_group([([1, 2, 3], [-0.5, -0.4, -0.5])], g, 1e-4)
+    assert "log-probs differ" in compare_group([([1, 2, 3], [-0.5, math.nan, -0.5])], g, 1e-4)
+    assert "log-probs differ" in compare_group([([1, 2, 3], [-0.5, -0.5])], g, 1e-4)
+
+
+def test_the_budget_spares_first_groups_and_stops_established_peers_when_spent():
+    b = ReplayBudget(budget_s_per_step=10.0, first_groups=2)
+    b.measured(4.0)
+    assert b.allow("new") and b.allow("new")  # first groups: always, never charged
+    assert b.charged == 0
+    assert b.allow("old") and b.allow("old") and b.charged == 0
+    assert b.allow("new") and b.allow("old") and b.allow("new")  # 3 x 4 s charged: the third crosses 10 s
+    assert b.charged == 3 and not b.allow("new") and not b.allow("old")
+    assert all(b.allow(f"stranger{i}") for i in range(20))  # strangers' first groups cannot spend it
+    b.new_step()
+    assert b.allow("old")
+    unlimited = ReplayBudget(0.0, 0)
+    unlimited.measured(100.0)
+    assert all(unlimited.allow("p") for _ in range(50))
+
+
+def test_replay_config_is_checked():
+    ReplayConfig().validate()
+    for bad in (ReplayConfig(budget_s_per_step=-1), ReplayConfig(max_logprob_diff=-1.0), ReplayConfig(threads=0),
+                ReplayConfig(budget_s_per_step=math.inf)):
+        with pytest.raises(ConfigError):
+            bad.validate()
+
+
+def test_the_ledger_counts_each_nodes_work_and_keeps_untrusted_nodes():
+    led = WorkLedger()
+    led.pushed("a", "llamacpp", accepted=3, rejected=1, tokens=400)
+    led.pushed("b", "torch", accepted=2, rejected=0, tokens=100)
+    led.checked("a", "replay", True)
+    led.checked("a", "replay", True)
+    led.checked("b", "stats", False)
+    led.checked("b", "skipped", True)
+    led.untrusted("b", "unverified: group g1: claims")
+    led.trained({"a": 3})
+    s = led.summary()
+    assert s["a"]["groups_pushed"] == 4 and s["a"]["groups_rejected"] == 1 and s["a"]["groups_trained"] == 3
+    assert s["a"]["verified"] == {"replay": 2} and s["a"]["verified_groups"] == 2 and s["a"]["tokens_generated"] == 400
+    assert s["b"]["failed"] == {"stats": 1} and s["b"]["verified_groups"] == 0 and s["b"]["untrusted"].startswith("unverified")
+    assert led.totals() == {"trained": 3, "verified_replay": 2, "failed_stats": 1, "verified_skipped": 1}
+    with pytest.raises(ValueError):
+        led.checked("a", "vibes", True)
+
+
+def test_the_ledger_is_bounded_and_forgets_refused_strangers_first():
+    led = WorkLedger(max_peers=3)
+    led.pushed("worker", "llamacpp", 5, 0, 10)
+    for i in range(10):
+        led.pushed(f"stranger{i}", "llamacpp", 0, 1, 0)
+    assert len(led.nodes) == 3 and "worker" in led.nodes
