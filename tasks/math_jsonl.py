@@ -19,8 +19,11 @@ Splits: with ``eval_data_path`` the eval split is that file and the train split 
 of a split of ``L`` records is record ``perm_e[i % L]`` where ``e = i // L`` and ``perm_e`` is a
 seeded permutation per pass, so training runs on for any number of steps.
 
-Completions are scored with the same strict parser as arithmetic (:func:`tasks.base.parse_final_answer`):
-the last line ``Answer: N``, exactly one answer marker, integers only.
+Completions keep arithmetic's strict shape (the last line ``Answer: <value>``, exactly one answer
+marker) but the value is compared with math-verify (:mod:`tasks.math_check`): ``7.0``, ``14/2``,
+``\\frac{14}{2}``, ``$7$`` or ``\\boxed{7}`` count as 7, while a list (``3, 7``), words (``7
+apples``) or an equation never do. Arithmetic's integer-only check (:func:`tasks.base.parse_final_answer`)
+was this task's checker before; ``swarm-bench math-verify`` measures where the two disagree.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 
 from tasks.arith import ArithConfig, ArithTask
 from tasks.base import SPLITS, Problem, Split, stable_hash
+from tasks.math_check import answers_match, parse_answer_line, single_expression
 
 log = logging.getLogger("echo_swarm.tasks")
 
@@ -197,4 +201,9 @@ class MathTask:
         return self._arith.render_prompt(tokenizer, problem)
 
     def reward(self, problem: Problem, completion_text: str) -> float:
-        return self._arith.reward(problem, completion_text)
+        """1.0 when the answer line's value equals the reference (math-verify), ``format_reward``
+        for a well-formed single-expression wrong one, 0.0 otherwise."""
+        value = parse_answer_line(completion_text)
+        if value is None or not single_expression(value):
+            return 0.0
+        return 1.0 if answers_match(str(problem.answer), value) else float(self.config.format_reward)

@@ -1,13 +1,19 @@
 """Tasks by name, built from the learner's ``[task]`` config section.
 
-``task.name`` picks the task; ``task.options`` holds the knobs of its config dataclass (the
-fields documented in ``tasks/<name>.py``); unknown knobs are an error naming the known ones.
+``task.name`` picks the task (the forms are listed in :mod:`tasks.plugins`): a built-in, whose
+``task.options`` are the knobs of its config dataclass (the fields documented in
+``tasks/<name>.py``; unknown knobs are an error naming the known ones); ``rg:<dataset>``
+(:mod:`tasks.rg`); ``data``, prompts and answers from a local file (:mod:`tasks.data_files`);
+or a plugin (``package.module:factory`` or an ``echo_swarm.tasks`` entry point), whose factory
+gets ``task.options`` as keyword arguments.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable
+
+from tasks.plugins import build_plugin, parse_task_name
 
 TASKS = ("arith", "math", "knights", "sokoban")
 
@@ -31,7 +37,11 @@ def _classes(name: str) -> tuple[type, type]:
 
 def build_config(name: str, options: dict[str, Any]) -> Any:
     """The config dataclass of task ``name`` from ``options`` (lists become tuples)."""
-    _, config_cls = _classes(name)
+    return build_config_of(name, _classes(name)[1], options)
+
+
+def build_config_of(name: str, config_cls: type, options: dict[str, Any]) -> Any:
+    """``config_cls`` from ``options``: unknown knobs and bad values are ``ValueError`` s naming them."""
     known = {f.name for f in dataclasses.fields(config_cls)}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -46,5 +56,16 @@ def build_config(name: str, options: dict[str, Any]) -> Any:
 def make_task(cfg: Any):
     """Build the task named ``cfg.name`` with seed ``cfg.seed`` and knobs ``cfg.options``."""
     options = dict(getattr(cfg, "options", {}) or {})
+    ref = parse_task_name(cfg.name)
+    if ref.kind == "rg":
+        from tasks.rg import RGTask
+
+        return RGTask(ref.target, options, seed=cfg.seed)
+    if ref.kind == "builtin" and ref.target == "data":
+        from tasks.data_files import DataConfig, DataTask
+
+        return DataTask(build_config_of("data", DataConfig, options), seed=cfg.seed)
+    if ref.kind in ("path", "entry_point"):
+        return build_plugin(ref, int(cfg.seed), options)
     task_cls: Callable = _classes(cfg.name)[0]
     return task_cls(build_config(cfg.name, options), seed=cfg.seed)

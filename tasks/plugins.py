@@ -1,0 +1,213 @@
+"""Tasks from outside the package: ``module:factory`` paths and the ``echo_swarm.tasks`` entry points.
+
+``task.name`` is read by :func:`parse_task_name`, a pure function:
+
+- a built-in name (``arith``, ``math``, ``knights``, ``sokoban``, ``data``);
+- ``rg:<dataset>``: a reasoning-gym generator (:mod:`tasks.rg`);
+- ``package.module:factory``: ``factory`` is imported from ``package.module`` (the current
+  directory is searched too, so a task file beside the run works without installing it);
+- any other plain name: an entry point of that name in the group ``echo_swarm.tasks``, as an
+  installed package declares it (``[project.entry-points."echo_swarm.tasks"] my_task =
+  "my_pkg.tasks:make"``).
+
+A factory is called as ``factory(seed=<task.seed>, **<task.options>)`` and returns an object
+meeting :class:`tasks.interface.SingleTurnTask` (and :class:`tasks.interface.EnvTask` for a
+multi-turn task). Its optional ``version`` string travels in every multi-turn lease, so a node
+runs an environment only with the same plugin at the same version (:func:`check_node_task`).
+
+Nothing executable ever travels over the network: a name is looked up among what is installed
+on the machine reading it; a node that lacks it refuses the work (:class:`TaskNotInstalled`).
+
+User code is trusted to load but not to behave: :class:`GuardedTask` turns a reward that
+raises, or returns something that is not a finite number, into a logged 0.0 (clamped to
+[0, 1]), so one bad completion never stops a learner.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Callable, Literal
+
+log = logging.getLogger("echo_swarm.tasks")
+
+ENTRY_POINT_GROUP = "echo_swarm.tasks"
+"""Entry-point group through which installed packages offer tasks."""
+
+BUILTIN_TASKS = ("arith", "math", "knights", "sokoban", "data")
+"""Tasks shipped with the package (``tasks/registry.py``)."""
+
+RG_PREFIX = "rg:"
+"""``task.name`` prefix of reasoning-gym datasets."""
+
+REQUIRED_METHODS = ("problem", "render_prompt", "reward")
+"""What every task object must offer (:class:`tasks.interface.SingleTurnTask`)."""
+
+_PATH = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", re.ASCII)
+_PLAIN = re.compile(r"[A-Za-z_][\w.-]*", re.ASCII)
+
+Kind = Literal["builtin", "rg", "path", "entry_point"]
+
+
+class TaskNotInstalled(ValueError):
+    """The named task (plugin module, entry point or reasoning-gym) is not available here."""
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """A parsed ``task.name``: how to find the task and the string that names it there."""
+
+    kind: Kind
+    target: str
+
+
+def parse_task_name(name: Any) -> TaskRef:
+    """``task.name`` -> :class:`TaskRef`; ``ValueError`` for a name of no known form."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("task.name must be a non-empty string")
+    name = name.strip()
+    if name in BUILTIN_TASKS:
+        return TaskRef("builtin", name)
+    if name.startswith(RG_PREFIX):
+        dataset = name[len(RG_PREFIX):]
+        if not re.fullmatch(r"[A-Za-z0-9_]+", dataset, re.ASCII):
+            raise ValueError(f"task.name {name!r}: rg:<dataset> needs a reasoning-gym dataset name, e.g. rg:basic_arithmetic")
+        return TaskRef("rg", dataset)
+    if ":" in name:
+        if not _PATH.fullmatch(name):
+            raise ValueError(f"task.name {name!r}: a plugin path is 'package.module:factory'")
+        return TaskRef("path", name)
+    if _PLAIN.fullmatch(name):
+        return TaskRef("entry_point", name)
+    raise ValueError(f"unknown task {name!r}; built-in: {', '.join(BUILTIN_TASKS)}; or rg:<dataset>, "
+                     f"package.module:factory, or an entry point of group {ENTRY_POINT_GROUP!r}")
+
+
+def resolve_attr(path: str, what: str = "task factory") -> Callable[..., Any]:
+    """The object at ``package.module:attr`` (``attr`` may be dotted). The current directory is
+    tried after ``sys.path``; ``TaskNotInstalled`` when the module is not found."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = _import(module_name)
+    except ModuleNotFoundError as e:
+        raise TaskNotInstalled(f"{what} {path!r}: module {e.name!r} is not installed here (install the package "
+                               "that provides it, or run from the directory that holds it)") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{what} {path!r} is not callable")
+    return obj
+
+
+def _import(module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        top = module_name.split(".")[0]
+        cwd = os.getcwd()
+        if e.name not in (top, module_name) or cwd in sys.path or "" in sys.path:
+            raise
+        sys.path.append(cwd)  # after everything installed: a local file never shadows a package
+        importlib.invalidate_caches()
+        return importlib.import_module(module_name)
+
+
+def entry_point_factory(name: str) -> Callable[..., Any]:
+    """The factory an installed package declares as ``name`` in group ``echo_swarm.tasks``."""
+    found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not found:
+        raise TaskNotInstalled(f"unknown task {name!r}: not built in ({', '.join(BUILTIN_TASKS)}), and no installed "
+                               f"package declares it in entry-point group {ENTRY_POINT_GROUP!r}; "
+                               "for a module of your own use task.name = 'package.module:factory'")
+    try:
+        obj = found[0].load()
+    except ModuleNotFoundError as e:
+        raise TaskNotInstalled(f"task {name!r}: its entry point {found[0].value!r} needs module {e.name!r}, "
+                               "which is not installed here") from None
+    if not callable(obj):
+        raise ValueError(f"task {name!r}: entry point {found[0].value!r} is not callable")
+    return obj
+
+
+def build_plugin(ref: TaskRef, seed: int, options: dict[str, Any]) -> Any:
+    """Call the plugin's factory with ``seed`` and ``options`` and check what it returns."""
+    factory = resolve_attr(ref.target) if ref.kind == "path" else entry_point_factory(ref.target)
+    try:
+        task = factory(seed=int(seed), **options)
+    except TypeError as e:
+        raise ValueError(f"task {ref.target!r}: its factory refused seed/options {sorted(options)}: {e}") from None
+    missing = [m for m in REQUIRED_METHODS if not callable(getattr(task, m, None))]
+    if missing:
+        raise ValueError(f"task {ref.target!r}: the factory returned {type(task).__name__}, which lacks "
+                         f"{', '.join(missing)} (see tasks/interface.py)")
+    return GuardedTask(task, ref.target)
+
+
+def task_version(task: Any) -> str:
+    """The task's declared ``version`` (``""`` when it declares none)."""
+    v = getattr(task, "version", "")
+    return str(v) if v is not None else ""
+
+
+def check_node_task(name: str, wanted_version: str, task: Any) -> None:
+    """A node's check before it runs a lease's environment: the task it built from the lease's
+    name must be at the version the lease names (``ValueError`` naming both otherwise)."""
+    have = task_version(task)
+    if wanted_version and have != wanted_version:
+        raise ValueError(f"task {name!r}: the learner runs version {wanted_version!r}, this node has "
+                         f"{have or 'no version'!r}; install the same version of the plugin on this node")
+
+
+def safe_score(value: Any, where: str) -> float:
+    """``value`` as a reward in [0, 1]; anything that is not a finite number is 0.0 (logged)."""
+    try:
+        r = float(value)
+    except (TypeError, ValueError):
+        log.warning("%s returned %r, not a number: scored 0.0", where, type(value).__name__)
+        return 0.0
+    if not math.isfinite(r):
+        log.warning("%s returned %r: scored 0.0", where, r)
+        return 0.0
+    return min(1.0, max(0.0, r))
+
+
+class GuardedTask:
+    """A plugin's task with its rewards guarded (module docstring); every other attribute is
+    the plugin's own."""
+
+    def __init__(self, inner: Any, label: str) -> None:
+        self._inner = inner
+        self._label = label
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._inner, item)
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self._inner, "name", self._label))
+
+    def reward(self, problem: Any, completion_text: str) -> float:
+        try:
+            value = self._inner.reward(problem, completion_text)
+        except Exception as e:  # user code: log it, never stop the learner
+            log.warning("task %s: reward raised %r on problem %s: scored 0.0", self._label, e, getattr(problem, "id", "?"))
+            return 0.0
+        return safe_score(value, f"task {self._label}: reward")
+
+    def episode_reward(self, problem: Any, assistant_texts: Any) -> float:
+        fn = getattr(self._inner, "episode_reward")
+        try:
+            value = fn(problem, assistant_texts)
+        except Exception as e:
+            log.warning("task %s: episode_reward raised %r: scored 0.0", self._label, e)
+            return 0.0
+        return safe_score(value, f"task {self._label}: episode_reward")
