@@ -401,14 +401,6 @@ class DissemConfig:
     #: nodes dial in parallel; a dial not made by then leaves that parent to feed the node's
     #: children itself).
     link_dial_timeout_s: float = 10.0
-    #: Plan the tree along links (``swarm/discovery/links.py``): a node that cannot be dialled
-    #: is fed by a dialable parent it dials itself (connection reversal), and one that punched
-    #: holes relays. False: such nodes are leaves the learner feeds (the behaviour before links).
-    links: bool = True
-    #: Deadline (s) of the learner's connection-reversal requests before a push starts (the
-    #: nodes dial in parallel; a dial not made by then leaves that parent to feed the node's
-    #: children itself).
-    link_dial_timeout_s: float = 10.0
 
 
 @dataclass
