@@ -135,19 +135,19 @@ def relay_role(links: Links, peer: str) -> Role:
     """The role ``peer`` can take, with the reason in plain words (module docstring)."""
     if links.is_dialable(peer):
         return Role(peer, True, "dialable", "dialable (the learner's dial-back reached it): any peer can connect to it")
-    nat = links.why_not_dialable.get(peer) or "the learner's dial-back did not reach it"
+    nat = "cannot be dialled (" + (links.why_not_dialable.get(peer) or "the learner's dial-back did not reach it") + ")"
     punched = links.punched_with(peer)
     if punched:
         return Role(peer, True, "punched",
-                    f"behind NAT ({nat}); hole punch succeeded with {len(punched)} peer(s): it relays to them and to "
+                    f"{nat}; hole punch succeeded with {len(punched)} peer(s): it relays to them and to "
                     f"dialable peers, and dialable parents reach it by connection reversal")
     failed = links.failed_with(peer)
     if failed:
         return Role(peer, False, "leaf",
-                    f"behind NAT ({nat}); every hole punch failed ({len(failed)} peer(s); an endpoint-dependent "
+                    f"{nat}; every hole punch failed ({len(failed)} peer(s); an endpoint-dependent "
                     f"(symmetric) NAT likely): a leaf, fed by a dialable parent over a connection it opens itself")
     return Role(peer, False, "leaf",
-                f"behind NAT ({nat}); no hole punch has succeeded yet: a leaf, fed by a dialable parent over a "
+                f"{nat}; no hole punch has succeeded yet: a leaf, fed by a dialable parent over a "
                 f"connection it opens itself")
 
 
