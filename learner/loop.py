@@ -33,7 +33,9 @@ from learner.lease_gate import GateSettings
 from learner.metrics import MetricsWriter, plot_rewards, progress_line, rolling_mean
 from learner.model_serve import start_model_serve
 from learner.models import load_tokenizer, resolve_model
+from learner.ledger import WorkLedger
 from learner.pipelines import pipeline_settings, stage_alive
+from learner.replay_llamacpp import build_replay
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from learner.steps import StepContext, async_step, sequential_step
 from learner.trainer_build import build_trainer
@@ -132,7 +134,10 @@ async def run_learner(
         model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, cfg.model.name,
                                               cache_root(cfg.model.cache_dir or None), access=access)
         console(f"learner: base model {cfg.model.name} sha256 {model_serve.content_sha256[:12]}")
-        versions = AdapterVersions()
+        versions, ledger = AdapterVersions(), WorkLedger()
+        replay = build_replay(cfg, resolved.gguf_path, versions, nodes)  # exact checks (learner/replay.py)
+        if replay is not None:
+            await trio.to_thread.run_sync(replay.open)
         async with trio.open_nursery() as nursery:
             dissem = await start_learner_dissem(nursery, host, cfg.dissem, run_id, versions,
                                                 admit=nodes.__contains__, reads=access.refusal)
@@ -140,7 +145,7 @@ async def run_learner(
                 coord, service_settings(cfg, run_id, name, model_serve.content_sha256),
                 versions=versions, nodes=nodes, admission=admission,
                 verifier=verifier, episode=episodes, dissem=dissem, model_serve=model_serve, console=console,
-                probe=lambda peer: stage_alive(host, peer))
+                probe=lambda peer: stage_alive(host, peer), ledger=ledger, replay=replay)
             service.register(host)
             if on_service is not None:
                 on_service(service)
@@ -167,6 +172,9 @@ async def run_learner(
                 if replay is not None:
                     row.update(replay.take_metrics())
                 ledger.trained(row.pop("trained_groups", {}))
+                if replay is not None:
+                    row.update(replay.take_metrics())
+                ledger.trained(row.pop("trained_groups", {}))
                 state.wall_s = time.perf_counter() - t_start
                 row["wall_s"] = round(state.wall_s, 2)
                 metrics.write(row)
@@ -174,6 +182,8 @@ async def run_learner(
                 if t.checkpoint_every and state.step % t.checkpoint_every == 0 and state.step < t.steps:
                     await trio.to_thread.run_sync(save_state, run_dir, trainer, state, open_problem_refs(coord))
             service.finish()
+            if replay is not None:  # waits for a replay in progress (the context's lock)
+                await trio.to_thread.run_sync(replay.close)
             await trio.to_thread.run_sync(save_state, run_dir, trainer, state, open_problem_refs(coord))
             await trio.to_thread.run_sync(trainer.save_adapter, run_dir / "adapter")
             if metrics.rows:

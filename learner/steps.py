@@ -219,6 +219,7 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
         "train_s": round(train_s, 3),
         "samples_per_s": round(len(rewards) / max(step_time, 1e-9), 3),
         "nodes": ctx.service.take_contributions(),
+        "trained_groups": dict(Counter(g.peer_id for g in groups)),  # the work ledger's (learner/ledger.py)
         "rollout_versions": sorted({g.result.version for g in groups}),
         "staleness_hist": {str(k): v for k, v in sorted(lags.items())},
         "staleness_max": max(lags, default=0),

@@ -63,6 +63,8 @@ class PendingCheck:
     picked: list[tuple[str, list[int], Any]]
     #: Completions per held group, credited to the peer's contribution when released.
     completions: dict[str, int] = field(default_factory=dict)
+    #: The picked groups checked by an exact replay (``learner/replay.py``) instead of re-scoring.
+    replayed: set[str] = field(default_factory=set)
 
 
 def picked_groups(accepted: list[str], pick) -> list[str]:
@@ -82,19 +84,28 @@ class VerifyQueue:
 
     def __init__(self, verifier: Verifier, coordinator: Coordinator, changes: Changes, *,
                  backend_of: Callable[[str], str], untrust: Callable[[str, str], None],
-                 credit: Callable[[str, int], None]) -> None:
+                 credit: Callable[[str, int], None], replay: Any = None,
+                 on_checked: Callable[[str, str, bool], None] | None = None) -> None:
         self.verifier = verifier
         self.coordinator = coordinator
         self.changes = changes
         self.backend_of = backend_of
         self.untrust = untrust
         self.credit = credit
+        #: Exact replays (``learner.replay_llamacpp.LlamaCppReplay``: ``choose``, ``check_groups``);
+        #: None: every picked group is re-scored statistically.
+        self.replay = replay
+        #: Told (peer, test, passed) for every group checked in the background (the work ledger).
+        self.on_checked = on_checked
         self._items: deque[PendingCheck] = deque()
         self._added = trio.Event()
         self.closed = False
         self._scope: trio.CancelScope | None = None
         #: Per peer, its newest check not yet finished (queued, in progress or deferred).
         self.last: dict[str, PendingCheck] = {}
+        #: Checks left to the training step that will train their groups (``verify.in_step``):
+        #: hold id -> check (:meth:`take_deferred`, :mod:`learner.step_check`).
+        self.deferred: dict[str, PendingCheck] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -103,9 +114,6 @@ class VerifyQueue:
         if self.closed:
             return
         self._items.append(item)
-        #: Checks left to the training step that will train their groups (``verify.in_step``):
-        #: hold id -> check (:meth:`take_deferred`, :mod:`learner.step_check`).
-        self.deferred: dict[str, PendingCheck] = {}
         self.last[item.peer_id] = item
         self._added.set()
 
@@ -120,6 +128,7 @@ class VerifyQueue:
         self.closed = True
         self._items.clear()
         self.last.clear()
+        self.deferred.clear()
         if self._scope is not None:
             self._scope.cancel()
 
@@ -128,7 +137,6 @@ class VerifyQueue:
         groups to verify; if any, hold all of ``accepted`` and queue the check; if none, but the
         peer has a check outstanding, add them to its hold. Returns the hold id, or ``None``
         when the groups are trainable at once."""
-        self.deferred.clear()
         coord = self.coordinator
         if not accepted:
             return None
@@ -158,14 +166,6 @@ class VerifyQueue:
             self._put(item)
         return hold_id
 
-    def _drain(self) -> list[PendingCheck]:
-        """Every check queued now (taken off the queue, in arrival order)."""
-        out = list(self._items)
-        self._items.clear()
-        return out
-
-    async def run(self) -> None:
-        """The worker: check the held pushes until :meth:`close` or cancellation; whatever has
     def is_deferred(self, group_id: str) -> bool:
         """Whether ``group_id`` is held under a check left to the training step."""
         return self.coordinator.held.get(group_id) in self.deferred
@@ -220,6 +220,14 @@ class VerifyQueue:
                 self.on_checked(work[i][0], "replay" if by_replay else ("stats" if fresh else "skipped"), out[i] is None)
         return out
 
+    def _drain(self) -> list[PendingCheck]:
+        """Every check queued now (taken off the queue, in arrival order)."""
+        out = list(self._items)
+        self._items.clear()
+        return out
+
+    async def run(self) -> None:
+        """The worker: check the held pushes until :meth:`close` or cancellation; whatever has
         queued up meanwhile is checked together (its groups scored in one pass of the verifier,
         :meth:`learner.verify.Verifier.check_groups`)."""
         with trio.CancelScope() as scope:
@@ -248,7 +256,7 @@ class VerifyQueue:
         if not work:
             return
         try:
-            reasons = await trio.to_thread.run_sync(v.check_groups, work, abandon_on_cancel=True)
+            reasons = await trio.to_thread.run_sync(self._verdicts, live, work, abandon_on_cancel=True)
         except Exception:
             log.exception("could not verify %d group(s) of %d push(es)", len(work), len(live))
             for item in live:
