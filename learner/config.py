@@ -282,6 +282,15 @@ class NetworkConfig:
 
 
 @dataclass
+class LearnerNatConfig(NatConfig):
+    """``[nat]``: :class:`swarm.nat.config.NatConfig` with the relay served by default."""
+
+    #: Serve as a circuit relay v2 for nodes behind NAT (signalling and hole-punch rendezvous,
+    #: capped per circuit): on for the learner, which every node can dial.
+    serve_relay: bool = True
+
+
+@dataclass
 class LearnerConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -292,7 +301,7 @@ class LearnerConfig:
     dissem: DissemConfig = field(default_factory=lambda: DissemConfig())
     dashboard: DashboardConfig = field(default_factory=lambda: DashboardConfig())
     #: Circuit relay v2 and hole punching (``swarm/nat``): the learner serves the relay by default.
-    nat: NatConfig = field(default_factory=lambda: NatConfig(serve_relay=True))
+    nat: LearnerNatConfig = field(default_factory=lambda: LearnerNatConfig())
     verify: VerifyConfig = field(default_factory=lambda: VerifyConfig())
     run: RunConfig = field(default_factory=lambda: RunConfig())
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig())

@@ -44,6 +44,7 @@ from learner.web.server import start_learner_dashboard
 from swarm.config import dump_toml, to_dict
 from swarm.discovery.dht import open_discovery
 from swarm.host import HostConfig, open_host
+from swarm.nat.service import NatService
 from swarm.proto.adapter import AdapterReply
 
 log = logging.getLogger("echo_swarm.learner")
@@ -139,6 +140,8 @@ async def run_learner(
         if replay is not None:
             await trio.to_thread.run_sync(replay.open)
         async with trio.open_nursery() as nursery:
+            nat = NatService(host, cfg.nat)  # relay for NAT'd nodes, hole punching (swarm/nat)
+            await nursery.start(nat.run)
             dissem = await start_learner_dissem(nursery, host, cfg.dissem, run_id, versions,
                                                 admit=nodes.__contains__, reads=access.refusal)
             service = LearnerService(

@@ -44,6 +44,7 @@ JOIN_FLAGS = (
     S("--max-retries", "max_retries"), S("--token", "join_token"), S("--no-probe", "probe", const=False),
     S("--max-memory", "max_memory_bytes", parse=parse_size, metavar="SIZE"),
     S("--stage", "stage", const=True), S("--wire-dtype", "wire_dtype"),
+    S("--relay", "relay", const=True),
 )
 
 
@@ -90,6 +91,8 @@ def join(cfg, name: str = "") -> int:
     from swarm.content.fetch import FetchError
     from swarm.discovery.identity import LearnerPins, LearnerRefused, PinError
     from swarm.host import open_host
+    from swarm.nat.config import NatConfig
+    from swarm.nat.service import nat_running
 
     try:
         hw = detect()
@@ -102,6 +105,7 @@ def join(cfg, name: str = "") -> int:
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         pins = LearnerPins.in_dir(cfg.data_dir)  # the learner of each run this node has served
         async with open_host(cfg.data_dir, listen_addr=cfg.listen, announce=cfg.announce) as host, \
+                nat_running(host, NatConfig(serve_relay=cfg.relay)), \
                 node_discovery(host, learner=cfg.learner, bootstrap=cfg.bootstrap, run=cfg.run, pins=pins,
                                say=lambda text: print(f"swarm-node: {text}", flush=True)) as net:
             print(f"swarm-node: listening on {host.peer_id} {' '.join(host.addrs)}", flush=True)

@@ -92,3 +92,6 @@ class NodeConfig:
     stage: bool = False
     #: Dtype of hidden states a stage sends to the next one (``float32``, ``bfloat16``, ``float16``).
     wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    #: Serve as a circuit relay v2 for peers behind NAT (signalling and hole-punch rendezvous,
+    #: capped per circuit; ``swarm.nat``): opt in on a machine others can dial.
+    relay: bool = False

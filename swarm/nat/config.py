@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from swarm.config import ConfigError
+
 MiB = 1024 * 1024
 
 
@@ -41,9 +43,9 @@ class NatConfig:
         for name in ("relay_max_reservations", "relay_max_circuits", "relay_circuit_bytes", "relay_circuit_s",
                      "punch_attempts", "dialback_concurrency"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"nat.{name} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"nat.{name} must be at least 1, got {getattr(self, name)}")
         for name in ("relay_timeout_s", "punch_timeout_s"):
             if not float(getattr(self, name)) > 0:
-                raise ValueError(f"nat.{name} must be positive, got {getattr(self, name)}")
+                raise ConfigError(f"nat.{name} must be positive, got {getattr(self, name)}")
         if self.punch_backoff_s < 0 or self.punch_backoff_max_s < self.punch_backoff_s:
-            raise ValueError("nat.punch_backoff_s must be >= 0 and <= nat.punch_backoff_max_s")
+            raise ConfigError("nat.punch_backoff_s must be >= 0 and <= nat.punch_backoff_max_s")

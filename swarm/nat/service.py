@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import multiaddr
@@ -297,3 +299,15 @@ class NatService:
                 await trio.sleep(0.05)  # identify fills it; it has no event to wait on
             return True
         return False
+
+
+@asynccontextmanager
+async def nat_running(host: Any, config: NatConfig | None = None) -> AsyncIterator[NatService]:
+    """A :class:`NatService` on ``host``, started on entry and stopped on exit."""
+    nat = NatService(host, config)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(nat.run)
+        try:
+            yield nat
+        finally:
+            nursery.cancel_scope.cancel()

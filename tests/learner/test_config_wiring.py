@@ -46,6 +46,7 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
         "pipeline.prompt_tokens=128", "pipeline.in_flight=3", "pipeline.stale_s=100.0",
         "pipeline.usable_fraction=0.8", "pipeline.hop_s=0.01", "pipeline.min_gain=0.3", "pipeline.cooldown_s=7.0",
         "limits.requests_per_min_peer=999.0", "limits.streams_per_block=77",
+        "nat.relay_max_circuits=3", "nat.relay_circuit_bytes=12345",
     ])
     default = LearnerConfig()
     tasks_made = []
@@ -53,6 +54,8 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
     monkeypatch.setattr(loop, "run_task", lambda task_cfg: tasks_made.append(task_cfg) or real_run_task(task_cfg))
     seen: dict = {}
     lines: list[str] = []
+    real_nat = loop.NatService
+    monkeypatch.setattr(loop, "NatService", lambda host, nat_cfg: seen.setdefault("nat", real_nat(host, nat_cfg)))
 
     def on_service(service) -> None:
         seen["service"] = service
@@ -128,6 +131,10 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
     checked.add("limits")
     lim = svc.dissem.host.gate.limits.settings
     assert (lim.requests_per_min_peer, lim.streams_per_block) == (999.0, 77)
+
+    checked.add("nat")
+    relay = seen["nat"]._relay  # the live circuit relay v2 service the learner runs
+    assert relay.allow_hop and (relay.limits.max_circuit_conns, relay.limits.data) == (3, 12345)
 
     # every section of the config is checked above, and every checked value differs from its default
     assert checked == {f.name for f in dataclasses.fields(LearnerConfig)}
