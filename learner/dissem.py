@@ -38,6 +38,7 @@ import trio
 
 from learner.adapter_versions import AdapterVersions
 from learner.config import DissemConfig
+from learner.dissem_report import summary as dissem_summary
 from learner.links import LearnerLinks
 from learner.relay_rates import RelayRates
 from common.lora import LoraAdapter
@@ -147,8 +148,17 @@ class LearnerDissem:
                      describe(member.layer_range))
         self.members[peer_id] = member
         self._notify()
+        if self.cfg.links and not reach.reachable and self._nursery is not None:
+            self._nursery.start_soon(self._punch_round, peer_id)
         current = max(self.have, default=-1)
         return DissemJoinAck(self.cfg.mode, self.cfg.stall_timeout_s, self.cfg.node_wait_s, current)
+
+    async def _punch_round(self, peer_id: str) -> None:
+        """Hole punches between a NAT'd newcomer and the other NAT'd members (``learner/links.py``);
+        the plans change when a pair punched."""
+        others = [p for p, m in self.members.items() if not m.reachable and p != peer_id]
+        await self.links.punch_round(peer_id, others, {p: list(m.addrs) for p, m in self.members.items()})
+        self._notify()
 
     async def measure(self, peer_id: str, addrs: tuple[str, ...]) -> Reach:
         """Dial ``peer_id`` back at ``addrs`` (once per set of addresses) and log the result."""
@@ -373,22 +383,9 @@ class LearnerDissem:
         return f"v{version} was published before {describe(rng)} got manifests"
 
     def summary(self) -> dict:
-        """Members with their measured reachability, each version's planned relays and the
-        nodes' completion reports (who sent them how many chunks), for ``dissem.json``."""
-        return {
-            "members": {p: {"reachable": self.reach[p][1].reachable if p in self.reach else self.members[p].reachable,
-                            "addrs": list(self.reach[p][0] if p in self.reach else self.members[p].addrs),
-                            "dial_back": self.reach[p][1].summary() if p in self.reach else None,
-                            "in_plan": p in self.members,  # False: dropped (left, or a push failed)
-                            "layers": list(self.members[p].layer_range or ()) if p in self.members else None}
-                        for p in sorted(set(self.members) | set(self.reach))},
-            "versions": {str(v): {"relays": self.relays.get(v, []),
-                                  "have": {p: {"pushed": h.pushed, "repaired": h.repaired, "rejected": h.rejected,
-                                               "sources": dict(h.sources), "completed_at": h.completed_at}
-                                           for p, h in reports.items()}}
-                         for v, reports in sorted(self.have.items())},
-            "links": self.link_summary(),
-        }
+        """Members with their measured reachability and link roles, each version's planned relays
+        and the nodes' completion reports, for ``dissem.json`` (:func:`learner.dissem_report.summary`)."""
+        return dissem_summary(self)
 
     def link_summary(self) -> dict:
         """Each member's role (relay or leaf, and why), the punched pairs and the reversals asked for."""

@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 
 import trio
 
-from swarm.discovery.links import Dial, Links, links_from, relay_role
+from swarm.discovery.links import PUNCH, Dial, Links, links_from, relay_role
 from swarm.errors import SwarmError
 from swarm.proto.chunks import PeerRef
 from swarm.proto.links import LINK_DIAL, LinkDial, LinkDialReply
@@ -31,12 +31,21 @@ log = logging.getLogger("echo_swarm.learner")
 KEEP_PUNCHES = 4096
 #: Dial outcomes kept (pairs).
 KEEP_DIALS = 4096
+#: Most peers a newly registered NAT'd node is asked to hole-punch with.
+MAX_PUNCH_PEERS = 8
+CIRCUIT = "/p2p-circuit"
 
 
 class LearnerLinks:
-    def __init__(self, host, timeout_s: float) -> None:
+    def __init__(self, host, timeout_s: float, punch_timeout_s: float = 100.0) -> None:
         self.host = host
         self.timeout_s = timeout_s
+        #: Deadline (s) of a request that reserves or hole-punches (retries and backoff included).
+        self.punch_timeout_s = punch_timeout_s
+        #: Punch rounds under way (:meth:`punch_round`); :meth:`wait_idle` waits for none.
+        self.busy = 0
+        self._idle = trio.Event()
+        self._idle.set()
         #: ``(a, b, succeeded, reason)`` of every hole punch reported, oldest first.
         self.punches: deque[tuple[str, str, bool, str]] = deque(maxlen=KEEP_PUNCHES)
         #: (dialer, listener) -> (connected, reason, wall time) of the last reversal asked for.
@@ -96,12 +105,56 @@ class LearnerLinks:
                  len(by_dialer), len(dials), counts["connected"], counts["failed"], time.monotonic() - t0)
         return counts
 
+    def circuit_addrs(self, via_peer: str, target: str) -> list[str]:
+        """Addresses of ``target`` through the learner's relay, as ``via_peer`` can dial the learner."""
+        return [f"{a}{CIRCUIT}/p2p/{target}" for a in self.host.advertised_addrs(via_peer)[:2]]
+
+    async def punch_round(self, peer: str, others: list[str], addrs: Mapping[str, list[str]]) -> None:
+        """A NAT'd ``peer`` just registered: have it reserve a slot at the learner's relay (so that
+        others can punch to it), then hole-punch to up to :data:`MAX_PUNCH_PEERS` of ``others``
+        (NAT'd members, untried pairs first); every outcome is recorded as a punch result."""
+        self.busy += 1
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        try:
+            me = PeerRef(self.host.peer_id, self.host.advertised_addrs(peer)[:16])
+            await self._request(peer, LinkDial(peers=[me], how=["reserve"], reason="relay reservation"),
+                                self.punch_timeout_s)
+            tried = {frozenset(p[:2]) for p in self.punches}
+            order = sorted(others, key=lambda o: (frozenset((peer, o)) in tried, o))[:MAX_PUNCH_PEERS]
+            if not order:
+                return
+            dials = [Dial(peer, o, PUNCH) for o in order]
+            counts = {"asked": len(dials), "connected": 0, "failed": 0}
+            await self._ask(peer, dials, addrs, "hole punch round", counts)
+            log.info("links: %s punched %d of %d NAT'd peer(s)", peer[-6:], counts["connected"], len(dials))
+        finally:
+            self.busy -= 1
+            if self.busy == 0:
+                self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no punch round is under way; False on timeout."""
+        with trio.move_on_after(timeout_s):
+            await self._idle.wait()
+            return True
+        return False
+
+    async def _request(self, peer: str, msg: LinkDial, timeout: float) -> LinkDialReply | None:
+        try:
+            return await self.host.request(peer, LINK_DIAL, msg, LinkDialReply, timeout=timeout)
+        except (SwarmError, WireError) as e:
+            log.warning("links: %s did not answer the %s request (%s)", peer[-6:], msg.reason, e)
+            return None
+
     async def _ask(self, dialer: str, ds: list[Dial], addrs: Mapping[str, list[str]], reason: str,
                    counts: dict[str, int]) -> None:
-        msg = LinkDial(peers=[PeerRef(d.listener, list(addrs.get(d.listener, []))[:16]) for d in ds],
-                       how=[d.how for d in ds], reason=reason[:200])
+        refs = [PeerRef(d.listener, (list(addrs.get(d.listener, []))[:14]
+                                     + (self.circuit_addrs(dialer, d.listener) if d.how == PUNCH else []))[:16])
+                for d in ds]
+        msg = LinkDial(peers=refs, how=[d.how for d in ds], reason=reason[:200])
+        timeout = self.punch_timeout_s if any(d.how == PUNCH for d in ds) else self.timeout_s + 2.0
         try:
-            reply = await self.host.request(dialer, LINK_DIAL, msg, LinkDialReply, timeout=self.timeout_s + 2.0)
+            reply = await self.host.request(dialer, LINK_DIAL, msg, LinkDialReply, timeout=timeout)
             made = set(reply.connected)
             errors = dict(zip(reply.failed, reply.errors))
         except (SwarmError, WireError) as e:
@@ -113,6 +166,8 @@ class LearnerLinks:
             why = "" if ok else errors.get(d.listener, "no answer to the dial request")
             self.dials[(d.dialer, d.listener)] = (ok, why, now)
             counts["connected" if ok else "failed"] += 1
+            if d.how == PUNCH:
+                self.record_punch(d.dialer, d.listener, ok, why)
             if not ok:
                 log.warning("links: %s could not connect to %s (%s): %s", dialer[-6:], d.listener[-6:], d.how, why)
         while len(self.dials) > KEEP_DIALS:

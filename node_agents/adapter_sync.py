@@ -28,7 +28,7 @@ import logging
 import trio
 
 from common.lora import LoraAdapter
-from node_agents.links import LinkDialer, Punch
+from node_agents.links import LinkDialer
 from swarm.dissem.broadcast import Disseminator
 from swarm.dissem.codec import CodecError
 from swarm.dissem.manifest import LayerRange, ManifestError, decode_version, describe, layers_of, normalise_ranges
@@ -48,11 +48,11 @@ CONTROL_TIMEOUT_S = 10.0
 
 
 class AdapterSync:
-    def __init__(self, host, learner_peer: str, upload_bps: float = 0.0, punch: Punch | None = None) -> None:
+    def __init__(self, host, learner_peer: str, upload_bps: float = 0.0, nat=None) -> None:
         self.host = host
         #: Dials the peers the learner names (connection reversal: a parent or pipeline head
         #: that cannot dial this node sends over the connection this node opens).
-        self.links = LinkDialer(host, learner_peer, punch)
+        self.links = LinkDialer(host, learner_peer, nat)
         self.learner_peer = learner_peer
         self.upload_bps = upload_bps
         self.store = VersionStore(learner_peer, run_id=None)

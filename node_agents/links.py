@@ -4,17 +4,20 @@ When a plan needs data to reach this node from a peer that cannot dial it (this 
 NAT), the learner asks this node to open the connection itself; the peer then opens its
 streams over it. Only the learner's requests are followed (any other peer gets an error), and
 only addresses that end in the named peer's id and are worth dialling from here
-(``swarm.discovery.reach.candidate_addrs``) are dialled, each under a deadline. ``punch``
-requests go to a hole-punch function when the node has one, else to a plain dial (which works
-inside one network, e.g. two nodes behind the same router).
+(``swarm.discovery.reach.candidate_addrs``) are dialled, each under a deadline.
+
+With the node's :class:`swarm.nat.service.NatService` (``nat``), two more requests are served:
+``reserve`` (take a slot at the named relay, the learner, so that other peers can open a
+relayed connection to this node: the rendezvous of a hole punch) and ``punch`` (a hole punch to
+the named peer through the circuit address the learner gives, after a plain dial of its
+addresses, which works inside one network, e.g. two nodes behind the same router). Without it,
+``punch`` is that plain dial only and ``reserve`` fails with the reason.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Awaitable, Callable
-
 import trio
 
 from swarm.discovery.reach import candidate_addrs, remote_ip_of
@@ -25,18 +28,20 @@ log = logging.getLogger("echo_swarm.node")
 
 #: Deadline (s) of the connection to one peer.
 DIAL_TIMEOUT_S = 8.0
-
-#: ``punch(peer_id, addrs)``: hole-punch to a peer; True when a direct connection results.
-Punch = Callable[[str, list[str]], Awaitable[bool]]
+#: Deadline (s) of one hole punch (its retries and backoff included) or one reservation.
+PUNCH_TIMEOUT_S = 90.0
+CIRCUIT = "/p2p-circuit"
 
 
 class LinkDialer:
-    def __init__(self, host, learner_peer: str, punch: Punch | None = None,
-                 timeout_s: float = DIAL_TIMEOUT_S) -> None:
+    def __init__(self, host, learner_peer: str, nat=None, timeout_s: float = DIAL_TIMEOUT_S,
+                 punch_timeout_s: float = PUNCH_TIMEOUT_S) -> None:
         self.host = host
         self.learner_peer = learner_peer
-        self.punch = punch
+        #: The node's NAT service (``reserve(relay_addr)``, ``punch(peer, circuit_addr)``), or None.
+        self.nat = nat
         self.timeout_s = timeout_s
+        self.punch_timeout_s = punch_timeout_s
         #: Peer id -> (connected, seconds, reason), the last result of each dial asked for.
         self.results: dict[str, tuple[bool, float, str]] = {}
 
@@ -63,23 +68,50 @@ class LinkDialer:
 
     async def _one(self, peer: str, addrs: list[str], how: str, got: dict[str, str | None]) -> None:
         t0 = time.monotonic()
-        cands = candidate_addrs(addrs, peer, remote_ip_of(self.host, self.learner_peer))
+        limit = self.timeout_s if how == "reversed" else self.punch_timeout_s
         err: str | None = "no dialable address"
-        with trio.move_on_after(self.timeout_s) as scope:
-            if how == "punch" and self.punch is not None:
-                try:
-                    err = None if await self.punch(peer, cands) else "hole punch failed"
-                except Exception as e:  # a punch failure never takes the node down
-                    err = f"hole punch: {type(e).__name__}: {e}"
+        with trio.move_on_after(limit) as scope:
+            if how == "reserve":
+                err = await self._reserve(peer, addrs)
             else:
-                for addr in cands:
-                    try:
-                        await self.host.connect(addr)
-                        err = None
-                        break
-                    except SwarmError as e:
-                        err = f"{type(e).__name__}: {e}"
+                err = await self._dial(peer, addrs)
+                if err is not None and how == "punch":
+                    err = await self._punch(peer, addrs, err)
         if scope.cancelled_caught:
-            err = f"no connection within {self.timeout_s} s"
+            err = f"no connection within {limit} s"
         got[peer] = err
         self.results[peer] = (err is None, time.monotonic() - t0, err or "")
+
+    async def _dial(self, peer: str, addrs: list[str]) -> str | None:
+        err: str | None = "no dialable address"
+        plain = [a for a in addrs if CIRCUIT not in a]
+        for addr in candidate_addrs(plain, peer, remote_ip_of(self.host, self.learner_peer)):
+            try:
+                with trio.fail_after(self.timeout_s):
+                    await self.host.connect(addr)
+                return None
+            except (SwarmError, trio.TooSlowError) as e:
+                err = f"{type(e).__name__}: {e}"
+        return err
+
+    async def _punch(self, peer: str, addrs: list[str], dial_err: str) -> str | None:
+        if self.nat is None:
+            return f"{dial_err}; no hole punching on this node"
+        circuit = next((a for a in addrs if CIRCUIT in a and a.endswith(f"/p2p/{peer}")), None)
+        try:
+            out = await self.nat.punch(peer, circuit)
+        except Exception as e:  # a punch failure never takes the node down
+            return f"hole punch: {type(e).__name__}: {e}"
+        return None if out.ok else f"hole punch failed: {out.reason}"
+
+    async def _reserve(self, relay: str, addrs: list[str]) -> str | None:
+        if self.nat is None:
+            return "no relay client on this node"
+        err = "no relay address"
+        for addr in [a for a in addrs if CIRCUIT not in a and a.endswith(f"/p2p/{relay}")]:
+            try:
+                await self.nat.reserve(addr)
+                return None
+            except Exception as e:
+                err = f"{type(e).__name__}: {e}"
+        return err

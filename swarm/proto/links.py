@@ -5,7 +5,8 @@ A NAT'd node can be dialled by nobody, but it can dial out, and a connection onc
 streams both ways. When a plan needs data to flow to such a node (a tree parent feeding it, a
 pipeline head driving it as a stage), the learner, which both peers are connected to, sends the
 node a :class:`LinkDial` naming the peers to connect to; the node dials each (or hole-punches,
-``how = "punch"``) and answers which connections it holds. The sender then opens its streams
+``how = "punch"``; or reserves a slot at a relay, ``how = "reserve"``) and answers which
+connections it holds. The sender then opens its streams
 over that connection. A node takes these requests from its learner only.
 """
 
@@ -21,8 +22,10 @@ LINK_DIAL = protocol_id("link-dial")
 
 #: Most peers one request names.
 MAX_LINK_PEERS = 256
-#: The ways a node may be asked to connect (``swarm.discovery.links``).
-HOWS = ("reversed", "punch")
+#: The ways a node may be asked to connect (``swarm.discovery.links``): dial the peer's
+#: addresses, hole-punch to it (through the circuit address among them), or reserve a slot at
+#: the peer as a circuit relay (so that others can reach this node through it).
+HOWS = ("reversed", "punch", "reserve")
 
 
 @dataclass
@@ -31,7 +34,7 @@ class LinkDial(Message):
 
     KIND = "link_dial"
     peers: list[PeerRef] = field(default_factory=list, metadata={"max_items": MAX_LINK_PEERS})
-    #: Per peer: ``"reversed"`` (dial its addresses) or ``"punch"`` (hole punch to it).
+    #: Per peer: one of :data:`HOWS`.
     how: list[str] = bounded_default([], max_items=MAX_LINK_PEERS, max_len=16)
     #: Why the learner asks (``"dissem v7"``, ``"pipeline p3"``), for the node's log.
     reason: str = bounded_default("", max_items=200)
