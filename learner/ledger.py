@@ -96,3 +96,20 @@ class WorkLedger:
             for k, v in n.failed.items():
                 out[f"failed_{k}"] = out.get(f"failed_{k}", 0) + v
         return out
+
+
+def _tally(book: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(book.items()) if v)
+
+
+def work_columns(line: dict | None) -> dict:
+    """A ledger line (:meth:`WorkLedger.summary`) as the node table's columns: groups trained,
+    groups verified per test and failed per test (``"replay 3, stats 1"``), and why the node was
+    untrusted. Empty when the ledger has no line for it."""
+    if not line:
+        return {}
+    out = {"trained_groups": int(line.get("groups_trained", 0)), "verified": _tally(line.get("verified") or {}),
+           "failed_checks": _tally(line.get("failed") or {})}
+    if line.get("untrusted"):
+        out["trusted"] = "no: " + str(line["untrusted"])
+    return out

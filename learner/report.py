@@ -14,6 +14,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from learner.ledger import work_columns
 from learner.metrics import ROLLING_WINDOW, read_metrics
 from learner.step_timing import CRITICAL_PARTS, OVERLAPPING_PARTS
 from learner.web.page import page_html
@@ -30,7 +31,8 @@ def _read_json(path: Path) -> Any:
 def report_nodes(swarm: dict | None) -> list[dict]:
     """Node rows (the dashboard's columns) from ``swarm.json``."""
     out = []
-    for peer, n in sorted(((swarm or {}).get("nodes") or {}).items()):
+    nodes, work = (swarm or {}).get("nodes") or {}, (swarm or {}).get("work") or {}
+    for peer, n in sorted(nodes.items()):
         gen_s = float(n.get("gen_s") or 0.0)
         row = {
             "peer_id": peer, "short": short(peer), "backend": n.get("backend", "?"), "device": n.get("device", "?"),
@@ -41,7 +43,13 @@ def report_nodes(swarm: dict | None) -> list[dict]:
         for key in ("trusted", "reachable", "leaf", "stage"):
             if key in n:
                 row[key] = n[key]
+        row.update(work_columns(work.get(peer)))
         out.append(row)
+    for peer, line in sorted(work.items()):  # nodes the run untrusted or forgot keep their ledger line
+        if peer not in nodes:
+            out.append({"peer_id": peer, "short": short(peer), "backend": line.get("backend", "?"), "device": "?",
+                        "groups": line.get("groups_pushed", 0), "rejected_groups": line.get("groups_rejected", 0),
+                        **work_columns(line)})
     return out
 
 

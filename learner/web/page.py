@@ -106,7 +106,9 @@ NODE_COLUMNS = [("short", "peer", "{}"), ("name", "name", "{}"), ("backend", "ba
                 ("lag", "lag", "{}"), ("push_staleness", "buffered lag", "{}"), ("rollouts", "rollouts", "{}"), ("rejected_groups", "rejected", "{}"),
                 ("leased_groups", "leased", "{}"), ("last_seen_s", "seen", "{:.0f} s ago"),
                 ("trusted", "trusted", "{}"), ("reachable", "reachable", "{}"), ("leaf", "leaf", "{}"),
-                ("stage", "stage", "{}"), ("link", "link", "{}")]
+                ("stage", "stage", "{}"), ("link", "link", "{}"),
+                ("trained_groups", "trained groups", "{}"), ("verified", "verified by", "{}"),
+                ("failed_checks", "failed checks", "{}")]
 
 
 #: Node columns shown even when empty for every node (the others appear once some node has a value).

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from learner.ledger import work_columns
 from learner.metrics import ROLLING_WINDOW
 
 #: Per-step keys the dashboard keeps from a ``metrics.jsonl`` row (plus every ``eval_*`` key).
@@ -116,6 +117,8 @@ def nodes_view(service, now: float) -> list[dict]:
     for lease in (getattr(coord, "leases", None) or {}).values():
         leased[lease.peer_id] = leased.get(lease.peer_id, 0) + len(lease.open_groups or lease.group_ids)
     out = []
+    ledger = getattr(service, "ledger", None)
+    work = ledger.summary() if ledger is not None else {}
     for peer, n in sorted(service.nodes.items()):
         hello = n.hello
         gen_s = float(getattr(n, "gen_s", 0.0))
@@ -139,6 +142,7 @@ def nodes_view(service, now: float) -> list[dict]:
             "last_seen_s": round(max(0.0, now - n.last_seen), 1),
             "in_broadcast": peer in members,
         }
+        row.update(work_columns(work.get(peer)))  # the work ledger: trained, verified by which test
         if peer in roles:  # relay or leaf in the broadcast, and why (swarm/discovery/links.py)
             row["link"], row["link_why"] = roles[peer]["kind"], roles[peer]["why"]
         for attr, column in OPTIONAL_NODE_FIELDS.items():

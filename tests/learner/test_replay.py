@@ -115,3 +115,38 @@ def test_the_ledger_is_bounded_and_forgets_refused_strangers_first():
     for i in range(10):
         led.pushed(f"stranger{i}", "llamacpp", 0, 1, 0)
     assert len(led.nodes) == 3 and "worker" in led.nodes
+
+
+def test_the_report_and_the_dashboard_show_each_nodes_checked_work(tmp_path):
+    """``swarm-learner report`` reads the ledger from ``swarm.json`` (an untrusted node, gone from
+    the nodes, keeps its row) and the dashboard's node rows carry the same columns."""
+    from types import SimpleNamespace
+
+    from learner.report import report_nodes
+    from learner.web.page import nodes_html
+    from learner.web.state import nodes_view
+
+    led = WorkLedger()
+    led.pushed("honest-peer-aaaaaa", "llamacpp", 4, 0, 900)
+    for _ in range(3):
+        led.checked("honest-peer-aaaaaa", "replay", True)
+    led.checked("honest-peer-aaaaaa", "stats", True)
+    led.trained({"honest-peer-aaaaaa": 4})
+    led.pushed("cheat-peer-bbbbbb", "llamacpp", 1, 0, 200)
+    led.checked("cheat-peer-bbbbbb", "replay", False)
+    led.untrusted("cheat-peer-bbbbbb", "unverified: group g7: replay: completion 0 leaves the replay at token 1")
+    swarm = {"nodes": {"honest-peer-aaaaaa": {"backend": "llamacpp", "device": "cpu", "groups": 4}}, "work": led.summary()}
+    rows = {r["peer_id"]: r for r in report_nodes(swarm)}
+    assert rows["honest-peer-aaaaaa"]["verified"] == "replay 3, stats 1" and rows["honest-peer-aaaaaa"]["trained_groups"] == 4
+    cheat = rows["cheat-peer-bbbbbb"]
+    assert cheat["failed_checks"] == "replay 1" and cheat["trusted"].startswith("no: unverified") and cheat["trained_groups"] == 0
+    html = nodes_html(list(rows.values()))
+    assert "verified by" in html and "replay 3, stats 1" in html and "failed checks" in html
+
+    hello = SimpleNamespace(backend="llamacpp", device="cpu", memory_bytes=0, tokens_per_s=0.0, extra={})
+    node = SimpleNamespace(hello=hello, gen_s=1.0, gen_tokens=900, completions_pushed=8, groups_pushed=4,
+                           rejected_groups=0, last_seen=0.0)
+    service = SimpleNamespace(coordinator=SimpleNamespace(version=1, completed={}, leases={}),
+                              nodes={"honest-peer-aaaaaa": node}, ledger=led, dissem=None)
+    (row,) = nodes_view(service, now=1.0)
+    assert row["verified"] == "replay 3, stats 1" and row["trained_groups"] == 4 and row["failed_checks"] == ""
