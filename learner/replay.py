@@ -3,8 +3,8 @@ numerics, and the pushed tokens must be the replay's, token for token.
 
 Every completion's sampling is a pure function of the lease's seed and the logits
 (``node_agents.backends.sampling``), and llama.cpp on a CPU computes the same logits for the same
-build, GGUF, adapter and decoding layout, whatever the thread count (``docs/benchmarks.md``,
-"Exact replay"). So for a node that declares such numerics the learner need not judge likelihood:
+build, GGUF, adapter, thread count and decoding layout (``docs/benchmarks.md``, "Exact replay":
+2 threads against 1 changed 6 of 32 completions, so the replay runs the node's own thread count). So for a node that declares such numerics the learner need not judge likelihood:
 it replays (``learner.replay_llamacpp``) and compares. Any token a node wrote itself, greedy text,
 an adapter only slightly off the lease's, or a few inserted tokens part from the replay at once;
 log-probs of identical tokens must agree within ``replay.max_logprob_diff`` (the replay's own
@@ -27,9 +27,10 @@ from swarm.config import ConfigError
 
 #: Keys of a llama.cpp node's hello ``extra`` that fix its numerics (written by the backend's
 #: ``capabilities``); every one must be present for a replay.
-NUMERICS_KEYS = ("llama_build", "gguf_sha256", "max_group", "n_batch", "n_ctx", "kv_type", "flash_attn", "kv_unified")
+NUMERICS_KEYS = ("llama_build", "gguf_sha256", "n_threads", "max_group", "n_batch", "n_ctx", "kv_type", "flash_attn",
+                 "kv_unified")
 #: Bounds on the declared layout the learner is willing to reproduce (a context per layout).
-MAX_GROUP_LIMIT, N_BATCH_LIMIT, N_CTX_LIMIT = 64, 8192, 131072
+MAX_GROUP_LIMIT, N_BATCH_LIMIT, N_CTX_LIMIT, N_THREADS_LIMIT = 64, 8192, 131072, 256
 
 
 @dataclass
@@ -45,8 +46,6 @@ class ReplayConfig:
     #: Largest |pushed - replayed| log-prob of an identical token (the replay's own noise is 0 on
     #: the same build; this absorbs float formatting only).
     max_logprob_diff: float = 1e-4
-    #: Threads of the learner's llama.cpp replayer (the result does not depend on it).
-    threads: int = 1
     #: Replayer contexts kept (one per distinct declared layout).
     contexts: int = 2
 
@@ -55,17 +54,18 @@ class ReplayConfig:
             raise ConfigError(f"replay.budget_s_per_step must be >= 0, got {self.budget_s_per_step}")
         if not self.max_logprob_diff >= 0:
             raise ConfigError(f"replay.max_logprob_diff must be >= 0, got {self.max_logprob_diff}")
-        if self.threads < 1 or self.contexts < 1:
-            raise ConfigError("replay.threads and replay.contexts must be >= 1")
+        if self.contexts < 1:
+            raise ConfigError("replay.contexts must be >= 1")
 
 
 @dataclass(frozen=True)
 class Numerics:
     """What fixes a llama.cpp node's logits: build (release and CPU feature set), the GGUF's
-    content hash, and the decoding layout of its context."""
+    content hash, the thread count and the decoding layout of its context."""
 
     llama_build: str
     gguf_sha256: str
+    n_threads: int
     max_group: int
     n_batch: int
     n_ctx: int
@@ -75,7 +75,7 @@ class Numerics:
 
     def layout(self) -> tuple:
         """The part a replayer context is built for (one context per distinct layout)."""
-        return (self.max_group, self.n_batch, self.n_ctx, self.kv_type, self.flash_attn, self.kv_unified)
+        return (self.n_threads, self.max_group, self.n_batch, self.n_ctx, self.kv_type, self.flash_attn, self.kv_unified)
 
 
 def _int(text: str, lo: int, hi: int) -> int | None:
@@ -91,15 +91,16 @@ def numerics_of(backend: str, extra: dict) -> Numerics | None:
     if backend != "llamacpp" or not isinstance(extra, dict) or any(k not in extra for k in NUMERICS_KEYS):
         return None
     build, sha = str(extra["llama_build"]), str(extra["gguf_sha256"])
+    n_threads = _int(extra["n_threads"], 1, N_THREADS_LIMIT)
     max_group = _int(extra["max_group"], 1, MAX_GROUP_LIMIT)
     n_batch = _int(extra["n_batch"], 1, N_BATCH_LIMIT)
     n_ctx = _int(extra["n_ctx"], 16, N_CTX_LIMIT)
     kv_type, flash, unified = extra["kv_type"], extra["flash_attn"], extra["kv_unified"]
-    if (None in (max_group, n_batch, n_ctx) or not build or len(build) > 512 or len(sha) != 64
+    if (None in (n_threads, max_group, n_batch, n_ctx) or not build or len(build) > 512 or len(sha) != 64
             or any(c not in "0123456789abcdef" for c in sha) or kv_type not in ("f16", "f32")
             or flash not in ("auto", "on", "off") or unified not in ("0", "1")):
         return None
-    return Numerics(build, sha, max_group, n_batch, n_ctx, kv_type, flash, unified == "1")
+    return Numerics(build, sha, n_threads, max_group, n_batch, n_ctx, kv_type, flash, unified == "1")
 
 
 def replayable(node: Numerics | None, own_build: str, own_gguf_sha256: str) -> bool:

@@ -1,5 +1,5 @@
 """The learner's own llama.cpp replayer (``learner/replay.py``): a sampled group of a llama.cpp CPU
-node generated again with the node's declared layout, the learner's llama.cpp build and GGUF, the
+node generated again with the node's declared thread count and layout, the learner's llama.cpp build and GGUF, the
 lease's adapter version and the group's seed, then compared token for token.
 
 One llama.cpp context per distinct declared layout (``replay.contexts`` kept, least recently used
@@ -77,7 +77,7 @@ class LlamaCppReplay:
         while len(self._contexts) >= self.cfg.contexts:
             self._contexts.popitem(last=False)[1].close()
         flash = None if n.flash_attn == "auto" else n.flash_attn == "on"
-        ctx = LlamaCppBackend(self.gguf_path, n_ctx=n.n_ctx, n_threads=self.cfg.threads, n_batch=n.n_batch,
+        ctx = LlamaCppBackend(self.gguf_path, n_ctx=n.n_ctx, n_threads=n.n_threads, n_batch=n.n_batch,
                               max_group=n.max_group, kv_f32=n.kv_type == "f32", kv_unified=n.kv_unified,
                               flash_attn=flash)
         self._contexts[key] = ctx

@@ -187,19 +187,20 @@ class LlamaCppBackend:
             memory_bytes=int(hw.ram_bytes),
             # set by node_agents.probe.probe_throughput at join (0 until measured)
             tokens_per_s=float(getattr(self, "measured_tokens_per_s", 0.0)),
-            extra={**hw.extra(), "model": self.gguf_path.name, "n_threads": str(self.n_threads), **self.numerics()},
+            extra={**hw.extra(), "model": self.gguf_path.name, **self.numerics()},
         )
 
     def numerics(self) -> dict[str, str]:
         """What fixes this context's logits, for a replay of its groups (``learner.replay``): the
-        llama.cpp build and CPU features, the GGUF's SHA-256 and the decoding layout. The thread
-        count is left out: it does not change a token (``swarm-bench replay-exactness``)."""
+        llama.cpp build and CPU features, the GGUF's SHA-256, the thread count (ggml splits its
+        sums by thread: 2 threads changed 6 of 32 completions against 1, ``swarm-bench
+        replay-exactness``) and the decoding layout. A node keeps them for its whole life."""
         if getattr(self, "_gguf_sha256", None) is None:
             from swarm.content.model_id import file_sha256
 
             self._gguf_sha256 = file_sha256(self.gguf_path)
         return {"llama_build": llama_build(), "gguf_sha256": self._gguf_sha256, "max_group": str(self.max_group),
-                "n_batch": str(self.n_batch), "n_ctx": str(self.n_ctx), "kv_type": "f32" if self.kv_f32 else "f16",
+                "n_batch": str(self.n_batch), "n_ctx": str(self.n_ctx), "n_threads": str(self.n_threads), "kv_type": "f32" if self.kv_f32 else "f16",
                 "flash_attn": self.flash_attn, "kv_unified": "1" if self.kv_unified else "0"}
 
     @property

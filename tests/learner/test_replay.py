@@ -20,7 +20,7 @@ EXTRA = {"llama_build": "llama-cpp-python 0.3.36 | CPU : AVX2 = 1", "gguf_sha256
 def test_numerics_are_read_from_a_llamacpp_hello():
     n = numerics_of("llamacpp", EXTRA)
     assert n is not None and n.max_group == 8 and n.n_ctx == 2048 and n.kv_unified is False
-    assert n.layout() == (8, 512, 2048, "f16", "auto", False)
+    assert n.layout() == (2, 8, 512, 2048, "f16", "auto", False)
     assert replayable(n, EXTRA["llama_build"], SHA)
     assert not replayable(n, "llama-cpp-python 0.3.36 | CPU : AVX512 = 1", SHA)  # another build
     assert not replayable(n, EXTRA["llama_build"], "cd" * 32)  # another GGUF (quantisation)
@@ -31,7 +31,7 @@ def test_numerics_are_read_from_a_llamacpp_hello():
     {"max_group": "0"}, {"max_group": "65"}, {"max_group": "-1"}, {"max_group": "8.0"}, {"max_group": "1e3"},
     {"n_batch": "99999999"}, {"n_ctx": "8"}, {"gguf_sha256": "AB" * 32}, {"gguf_sha256": "ab"},
     {"kv_type": "q8_0"}, {"flash_attn": "yes"}, {"kv_unified": "true"}, {"llama_build": ""},
-    {"llama_build": "x" * 600}, {"max_group": 8},
+    {"llama_build": "x" * 600}, {"max_group": 8}, {"n_threads": "0"}, {"n_threads": "257"},
 ])
 def test_odd_declarations_make_a_node_not_replayable_never_an_error(change):
     assert numerics_of("llamacpp", {**EXTRA, **change}) is None
@@ -39,7 +39,7 @@ def test_odd_declarations_make_a_node_not_replayable_never_an_error(change):
 
 def test_only_llamacpp_nodes_with_every_field_are_replayable():
     assert numerics_of("torch", EXTRA) is None and numerics_of("mlx", EXTRA) is None
-    for key in ("llama_build", "gguf_sha256", "kv_type"):
+    for key in ("llama_build", "gguf_sha256", "kv_type", "n_threads"):
         assert numerics_of("llamacpp", {k: v for k, v in EXTRA.items() if k != key}) is None
     assert numerics_of("llamacpp", "not a dict") is None
 
@@ -84,7 +84,7 @@ def test_the_budget_spares_first_groups_and_stops_established_peers_when_spent()
 
 def test_replay_config_is_checked():
     ReplayConfig().validate()
-    for bad in (ReplayConfig(budget_s_per_step=-1), ReplayConfig(max_logprob_diff=-1.0), ReplayConfig(threads=0),
+    for bad in (ReplayConfig(budget_s_per_step=-1), ReplayConfig(max_logprob_diff=-1.0), ReplayConfig(contexts=0),
                 ReplayConfig(budget_s_per_step=math.inf)):
         with pytest.raises(ConfigError):
             bad.validate()

@@ -30,7 +30,7 @@ def setup():
     adapter = bench_adapter()
     node.set_adapter(adapter)
     numerics = numerics_of("llamacpp", node.numerics())
-    replay = LlamaCppReplay(ReplayConfig(threads=1), gguf, SamplingDefaults(1.0, 1.0, MAX_TOKENS, SEED),
+    replay = LlamaCppReplay(ReplayConfig(), gguf, SamplingDefaults(1.0, 1.0, MAX_TOKENS, SEED),
                             numerics_of=lambda peer: numerics, adapter_of=lambda v: adapter, first_groups=2).open()
     yield node, replay, adapter
     replay.close()
