@@ -11,7 +11,10 @@ Two parts (``swarm-bench verify-cost per-group`` / ``swarm-bench verify-cost dem
   (the same pass in float32), against one training step on ``--groups`` such groups (the
   trainer's ``train_step``, torch threads of the trainer). Prints the median seconds per group
   and per step, the fraction of a step one group costs, and how far the log-probs of the
-  ``after`` pass are from the float32 ones (max and mean |difference|).
+  ``after`` pass are from the float32 ones (max and mean |difference|). Then ``in_step`` (the
+  default in sequential mode, ``verify.in_step``): training steps without and with ``--checked``
+  groups verified on the step's own forward, alternated; the checks' own seconds per group and
+  the step-time difference per checked group.
 - ``demo``: the default demo config (``swarm-learner demo``: learner plus ``--nodes``
   llama.cpp nodes on 127.0.0.1) twice with the same seed, verification on then off (one after
   the other; or each arm in its own process with ``--only on|off`` and the same ``--out``, e.g.
@@ -41,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-size", type=int, default=8, help="per-group: completions per group")
     p.add_argument("--tokens", type=int, default=48, help="per-group: tokens per completion")
     p.add_argument("--threads", type=int, default=1, help="per-group: torch threads while re-scoring")
+    p.add_argument("--checked", type=int, default=2, help="per-group: groups verified inside each timed training step")
     p.add_argument("--steps", type=int, default=20, help="demo: learner steps per run")
     p.add_argument("--nodes", type=int, default=2, help="demo: swarm-node processes per run")
     p.add_argument("--seed", type=int, default=0)
@@ -128,6 +132,7 @@ def per_group(args) -> dict:
     batch = [TrainSample(p, c, [-1.0] * len(c), 1.0 if j % 2 else -1.0) for p, comps in groups for j, c in enumerate(comps)]
     trainer.train_step(batch)
     step_s = time.perf_counter() - t0
+    in_step = time_in_step(trainer, groups, args)
     d = np.concatenate(diffs)
     med = {k: statistics.median(v) for k, v in times.items()}
     res = {"group_size": args.group_size, "tokens": args.tokens, "threads": args.threads,
@@ -137,12 +142,53 @@ def per_group(args) -> dict:
            "fraction_of_step": {k: round(v / step_s, 4) for k, v in med.items()},
            "speedup": round(med["before"] / med["after"], 2),
            "after_vs_fp32_logprob_abs_diff": {"max": round(float(d.max()), 4), "mean": round(float(d.mean()), 5)},
-           "load": os.getloadavg()}
+           "in_step": in_step, "load": os.getloadavg()}
     print(f"per group of {args.group_size} x {args.tokens} tokens ({args.threads} thread(s)): "
           + ", ".join(f"{k} {v:.2f}s ({100 * v / step_s:.1f}% of a step)" for k, v in med.items())
           + f"; training step on {len(groups)} groups {step_s:.1f}s ({train_threads} threads); "
           f"|lp after - fp32| max {d.max():.4f} mean {d.mean():.5f} ({load()})")
+    print(f"in the training step: {in_step['seconds_per_group_own']:.3f}s per checked group of its own work "
+          f"({100 * in_step['fraction_of_step_own']:.2f}% of a step), step {in_step['step_plain_s']:.2f}s -> "
+          f"{in_step['step_checked_s']:.2f}s with {in_step['checked_groups']} checked "
+          f"({in_step['seconds_per_group_step_delta']:+.3f}s per group) ({load()})")
     return res
+
+
+def time_in_step(trainer, groups, args, repeats: int = 3) -> dict:
+    """The check made on the training step's own forward (``verify.in_step``): training steps on
+    the same groups without and with ``--checked`` of them verified in the step, alternated
+    ``repeats`` times; the checks' own seconds (statistics and verdict) per group, and the step
+    time difference per checked group (both: what verification adds to a step)."""
+    from learner.step_check import GroupCheck, StepChecks
+    from learner.trainer import TrainSample
+    from learner.verify import group_stats
+
+    batch = [TrainSample(p, c, [-1.0] * len(c), 1.0 if j % 2 else -1.0, group_id=f"g{gi}")
+             for gi, (p, comps) in enumerate(groups) for j, c in enumerate(comps)]
+    k = max(1, min(args.checked, len(groups)))
+
+    def verdict(comps):  # the real statistics, then a pass (a failed group would skip its backward)
+        return lambda scored: (group_stats([[-1.0] * len(c) for c in comps], [[] for _ in comps], scored, True), None)[1]
+
+    plain, checked, own, fused = [], [], [], 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        trainer.train_step(batch)
+        plain.append(time.perf_counter() - t0)
+        checks = StepChecks([GroupCheck(f"g{i}", len(groups[i][1]), verdict(groups[i][1]), frozenset({f"g{i}"}))
+                             for i in range(k)])
+        t0 = time.perf_counter()
+        trainer.train_step(batch, checks=checks)
+        checked.append(time.perf_counter() - t0)
+        own.append(checks.seconds / max(checks.judged, 1))
+        fused = checks.fused
+        print(f"  in-step: step {plain[-1]:.2f}s plain, {checked[-1]:.2f}s with {k} checked group(s) "
+              f"({fused} on the training forward), checks' own {own[-1]:.3f}s/group ({load()})", flush=True)
+    p, c = statistics.median(plain), statistics.median(checked)
+    return {"checked_groups": k, "fused": fused, "step_plain_s": round(p, 2), "step_checked_s": round(c, 2),
+            "seconds_per_group_own": round(statistics.median(own), 3),
+            "seconds_per_group_step_delta": round((c - p) / k, 3),
+            "fraction_of_step_own": round(statistics.median(own) / p, 4)}
 
 
 # -- demo on / off ------------------------------------------------------------------------------

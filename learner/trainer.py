@@ -22,7 +22,8 @@ Rollout verification (:mod:`learner.verify`) scores a group with the same pass
 (:meth:`Trainer.token_stats`: shared prompt, training precision, no gradients) and gets entropy and
 surprisal variance from the same logits; the log-probs it computed are kept until the next
 optimizer step, and :meth:`Trainer.logprobs` (the decoupled loss's proximal pass) takes them
-instead of running those completions again (``logprobs_reused`` in the step's stats).
+instead of running those completions again (``logprobs_reused`` in the step's stats). In
+sequential mode checks run on the step's own forward (``train_step(batch, checks)``, :mod:`learner.step_check`).
 
 Several ranks (``dist``, see :mod:`learner.distributed`; the trainer's part
 :class:`learner.trainer_ranks.RankShards`): each update's batch is split into whole
