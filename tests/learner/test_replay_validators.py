@@ -1,0 +1,64 @@
+"""Validator assignment and refereeing (``learner/validators.py``), as pure functions."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from learner.validators import blind_request, device_class, pick_validator, referee
+
+EXTRA = {"build": "torch 2.13.0+cu124", "dtype": "bfloat16"}
+
+
+def test_device_class_needs_a_validated_backend_a_build_and_a_precision():
+    assert device_class("torch", "NVIDIA RTX 4090", EXTRA) == "torch|torch 2.13.0+cu124|NVIDIA RTX 4090|bfloat16"
+    assert device_class("mlx", "Apple M2", {"build": "mlx 0.25", "dtype": "float16"}) is not None
+    assert device_class("llamacpp", "cpu (2 cores)", EXTRA) is None  # the learner replays those itself
+    assert device_class("torch", "NVIDIA RTX 4090", {"dtype": "bfloat16"}) is None
+    assert device_class("torch", "", EXTRA) is None
+    assert device_class("torch", "x", "not a dict") is None
+    assert device_class("torch", "NVIDIA RTX 4090", EXTRA) != device_class("torch", "NVIDIA RTX 3090", EXTRA)
+
+
+def test_a_validator_is_a_random_other_peer_of_the_same_class():
+    classes = {"p": "A", "v1": "A", "v2": "A", "v3": "A", "other": "B", "none": None}
+    rng = random.Random(0)
+    picks = Counter(pick_validator(classes, "p", set(), rng) for _ in range(3000))
+    assert set(picks) == {"v1", "v2", "v3"}  # never the producer, never another class
+    assert min(picks.values()) > 800  # about uniform: a producer cannot predict its validator
+    assert pick_validator(classes, "p", {"v1", "v2"}, rng) == "v3"
+    assert pick_validator(classes, "p", {"v1", "v2", "v3"}, rng) is None
+    assert pick_validator(classes, "other", set(), rng) is None  # alone in its class
+    assert pick_validator(classes, "none", set(), rng) is None
+    assert pick_validator(classes, "stranger", set(), rng) is None
+
+
+def test_a_blind_request_names_neither_the_group_nor_the_producer():
+    a = blind_request([1, 2, 3], 4, 7, 1.0, 1.0, 64, 12345)
+    b = blind_request([1, 2, 3], 4, 7, 1.0, 1.0, 64, 12345)
+    assert a.request_id != b.request_id and len(a.request_id) == 16
+    assert set(vars(a)) == {"request_id", "prompt_ids", "group_size", "version", "temperature", "top_p",
+                            "max_tokens", "seed"}
+
+
+@pytest.mark.parametrize("first_agrees, s_p, s_f, outcome, untrusted", [
+    (True, None, None, "pass", ()),
+    (False, True, False, "validator", ("v1",)),  # the first validator disagrees with two others
+    (False, False, True, "producer", ("p",)),  # the producer disagrees with two others
+    (False, False, False, "inconclusive", ()),  # three answers: nobody untrusted
+    (False, True, True, "pass", ()),
+])
+def test_the_side_that_disagrees_with_two_others_is_untrusted(first_agrees, s_p, s_f, outcome, untrusted):
+    second = None if first_agrees else "v2"
+    v = referee("p", "v1", first_agrees, second, s_p, s_f)
+    assert v.outcome == outcome and v.untrust == untrusted
+
+
+def test_a_disagreement_asks_a_second_validator_before_anyone_is_untrusted():
+    assert referee("p", "v1", False).outcome == "second"
+    with pytest.raises(ValueError):
+        referee("p", "v1", False, "v1", True, False)  # the second validator must be a third peer
+    with pytest.raises(ValueError):
+        referee("p", "v1", False, "v2")
