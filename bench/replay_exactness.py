@@ -175,7 +175,7 @@ def compare(reference: list, other: list) -> dict:
     return {"identical": same, "of": total, "max_abs_logprob_diff": worst}
 
 
-def run(groups: int, group_size: int, max_tokens: int, avx2_lib: str | None) -> dict:
+def measure(groups: int, group_size: int, max_tokens: int, avx2_lib: str | None) -> dict:
     t0 = time.perf_counter()
     ref = generate({}, group_size, max_tokens, groups)
     ref_s = time.perf_counter() - t0
@@ -194,23 +194,31 @@ def run(groups: int, group_size: int, max_tokens: int, avx2_lib: str | None) -> 
                        "reference_s": round(ref_s, 1), "reference_tokens": tokens}, "rows": rows}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="swarm-bench replay-exactness", description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--groups", type=int, default=4)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--avx2-lib", default=None, help="directory of a second llama.cpp build (libllama.so, libggml*.so)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
+
+
+def run(a: argparse.Namespace) -> None:
+    """The ``swarm-bench replay-exactness`` entry (``--worker``: one condition, for :func:`in_process`)."""
     if a.worker:
         w = json.loads(a.worker)
         print(json.dumps(generate(w["settings"], w["group_size"], w["max_tokens"], w["groups"])))
-        return 0
-    res = run(a.groups, a.group_size, a.max_tokens, a.avx2_lib)
+        return
+    res = measure(a.groups, a.group_size, a.max_tokens, a.avx2_lib)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(res, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="swarm-bench replay-exactness", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    run(p.parse_args(argv))
     return 0
 
 
