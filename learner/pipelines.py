@@ -38,6 +38,7 @@ from swarm.pipeline.allocate import (ModelSpec, NodeSpec, Plan, PlanConfig, RunS
                                      form_pipelines, layer_capacity, replan)
 from swarm.chunks.streams import close_stream
 from swarm.errors import SwarmError
+from swarm.discovery.links import Links
 from swarm.pipeline.layers import slice_for_range
 from swarm.pipeline.proto import PIPELINE
 from swarm.proto.adapter import AdapterReply
@@ -151,8 +152,12 @@ def assign_replicas(plan: Plan, caps: Mapping[str, int], e_first: int, e_last: i
 
 class PipelineManager:
     def __init__(self, group_size: int, max_tokens: int, settings: PipelineSettings,
-                 on_plan: Callable[[], None] | None = None):
+                 on_plan: Callable[[], None] | None = None, links: Callable[[], Links | None] | None = None):
         self.settings = settings
+        #: The learner's current links (``swarm.discovery.links``; None: every pair can link): a
+        #: pipeline's head must link with each of its stages, and a stage the head cannot dial is
+        #: told to dial the head (``StageAssignment.dial``).
+        self.links = links
         self.run = RunSpec(group_size=group_size, max_tokens=max_tokens + self.settings.prompt_tokens,
                            in_flight=self.settings.in_flight)
         self.model: ModelSpec | None = None
@@ -216,10 +221,12 @@ class PipelineManager:
             return
         nodes = [m.spec for m in self.members.values()]
         cfg = self.settings.plan
+        links = self.links() if self.links is not None else None
+        can_link = links.can_link if links is not None else None
         if self.plan is None:
-            self.plan = form_pipelines(nodes, self.model, self.run, cfg, now)
+            self.plan = form_pipelines(nodes, self.model, self.run, cfg, now, can_link)
         else:
-            self.plan = replan(self.plan, nodes, self.model, self.run, cfg, now)
+            self.plan = replan(self.plan, nodes, self.model, self.run, cfg, now, can_link)
         for p in self.plan.pipelines:
             if p.stages not in self._ids:
                 self._ids[p.stages] = f"p{self._next}"
@@ -264,7 +271,8 @@ class PipelineManager:
             pid, st = self.replicas[peer_id]
             stages = next((k for k, v in self._ids.items() if v == pid), ())
             return StageAssignment(pipeline_id=pid, start=st.start, end=st.end, n_layers=n_layers,
-                                   route=[self._hop(s.node_id, s) for s in stages], version=version, in_flight=1)
+                                   route=[self._hop(s.node_id, s) for s in stages], version=version, in_flight=1,
+                                   dial=self.dials_of(peer_id, stages))
         if where is None:
             return StageAssignment(n_layers=n_layers, version=version)
         pid, stages = where
@@ -273,7 +281,17 @@ class PipelineManager:
                   if p == pid and self._holds(peer, pid, st, version)]
         return StageAssignment(pipeline_id=pid, start=mine.start, end=mine.end, n_layers=n_layers,
                                route=[self._hop(s.node_id, s) for s in stages], spares=spares, version=version,
-                               in_flight=self.settings.in_flight, head=stages[0].node_id == peer_id)
+                               in_flight=self.settings.in_flight, head=stages[0].node_id == peer_id,
+                               dial=self.dials_of(peer_id, stages))
+
+    def dials_of(self, peer_id: str, stages: Sequence[Stage]) -> list[str]:
+        """The peers ``peer_id`` must dial for its pipeline (connection reversal): the head when the
+        head cannot dial it (the head opens every stage's streams over that connection)."""
+        links = self.links() if self.links is not None else None
+        if links is None or not stages or stages[0].node_id == peer_id:
+            return []
+        d = links.dial(stages[0].node_id, peer_id)
+        return [d.listener] if d is not None and d.needs_instruction and d.dialer == peer_id else []
 
     def _holds(self, peer: str, pid: str, st: Stage, version: int) -> bool:
         m = self.members.get(peer)

@@ -144,7 +144,8 @@ class LearnerService:
         self.contributions: dict[str, int] = {}
         self.changes = Changes()
         s = settings
-        self.pipelines = PipelineManager(s.group_size, s.sampling.max_tokens, s.pipeline, on_plan=self._plan_changed)
+        self.pipelines = PipelineManager(s.group_size, s.sampling.max_tokens, s.pipeline, on_plan=self._plan_changed,
+                                         links=dissem.link_snapshot if dissem is not None else None)
         self.desk = WorkDesk(coordinator, self.pipelines, LeaseGate(s.gate), self.changes, sampling=s.sampling,
                              group_size=s.group_size, long_poll_s=s.long_poll_s, admission=admission, episode=episode)
         self.checks = None if verifier is None else VerifyQueue(

@@ -50,6 +50,8 @@ log = logging.getLogger("echo_swarm.node")
 WHOLE_MODEL_FRACTION = 0.9
 #: Longest wait (s) for a stage's open sessions to end before its adapter or range is swapped.
 DRAIN_TIMEOUT_S = 60.0
+#: Deadline (s) of one dial to a route peer the learner names (connection reversal).
+DIAL_ROUTE_TIMEOUT_S = 8.0
 
 
 def stage_geometry(model_dir: str | Path, dtype_bytes: int) -> ModelSpec:
@@ -194,8 +196,30 @@ class StageAgent(NodeAgent):
                      f"({stage.weight_bytes / 1e6:.0f} MB, loaded in {time.perf_counter() - t0:.1f}s), "
                      f"route {[(h.peer_id[-6:], h.start, h.end) for h in a.route]}")
         self.pipeline_id = a.pipeline_id
+        await self._dial_route(host, a)
         if self.adapter_key != (self.run_id, a.version):
             await self._install_adapter(host, peer, a.version)
+
+    async def _dial_route(self, host, a: StageAssignment) -> None:
+        """Connection reversal: dial the route's peers the learner names (the head cannot dial this
+        node; it opens its stage streams over this connection). A failure is logged, not fatal:
+        the head then reports the stage lost as it would any unreachable stage."""
+        for hop in [h for h in a.route if h.peer_id in set(a.dial)]:
+            err = "no address"
+            for addr in hop.addrs[:8]:
+                try:
+                    with trio.fail_after(DIAL_ROUTE_TIMEOUT_S):
+                        await host.connect(addr)
+                    err = ""
+                    break
+                except (SwarmError, trio.TooSlowError) as e:
+                    err = f"{type(e).__name__}: {e}"
+            if err:
+                log.warning("pipeline %s: could not dial %s (the head cannot dial this node): %s",
+                            a.pipeline_id, hop.peer_id[-6:], err)
+            else:
+                self.say(f"pipeline {a.pipeline_id}: dialled {hop.peer_id[-6:]} (connection reversal: it cannot "
+                         f"dial this node)")
 
     def _load(self, start: int, end: int):
         cfg = self.cfg

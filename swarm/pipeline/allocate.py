@@ -30,6 +30,13 @@ Three decisions, each a pure function:
    least one layer per stage. The two largest-capacity nodes take the end stages (they absorb
    the embedding and the head). Stages are ordered first, middles (fastest first), last.
 
+Links (``can_link``, optional): the head drives every stage of its pipeline over a direct
+connection (routing is a star), which either side may open (``swarm.discovery.links``: a NAT'd
+stage dials a dialable head; a punched pair punches). So the head must be a member that can
+link with all the others: :func:`build_pipeline` takes the largest-capacity such member as the
+head (the other end stage stays the largest-capacity of the rest); a group with no such member
+is not a pipeline and its members are left ``spare``. The covering itself ignores links.
+
 Re-planning (:func:`replan`) keeps intact pipelines, re-forms the rest from orphans and new
 nodes, and switches to a full fresh plan only when it predicts at least ``min_gain`` more
 throughput and the last full re-plan is ``cooldown_s`` old: the rule against thrashing.
@@ -45,8 +52,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from swarm.pipeline.cover import cover_dp, cover_exact
+
+#: ``can_link(a, b)``: whether peers ``a`` and ``b`` can hold a direct connection.
+CanLink = Callable[[str, str], bool]
 
 
 @dataclass(frozen=True)
@@ -247,9 +258,12 @@ def pipeline_throughput(layers: list[int], speeds: list[float], n_layers: int, h
     return 1.0 / max((l + o) / (v * units) + hops for l, v, o in zip(layers, speeds, offs))
 
 
-def build_pipeline(members: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg: PlanConfig) -> Pipeline | None:
+def build_pipeline(members: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg: PlanConfig,
+                   can_link: CanLink | None = None) -> Pipeline | None:
     """Order ``members`` into stages and water-fill the layers; ``None`` when they cannot
-    hold the model. The two largest-capacity nodes take the ends (embedding, head)."""
+    hold the model. The two largest-capacity nodes take the ends (embedding, head); with
+    ``can_link``, the head is the largest-capacity member that can link with every other one
+    (``None`` when there is none)."""
     caps = {m.node_id: layer_capacity(m, model, run, cfg) for m in members}
     e_first, e_last = end_costs(model, run)
     L = model.n_layers
@@ -259,6 +273,12 @@ def build_pipeline(members: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg:
             return None
         return Pipeline((Stage(m.node_id, 0, L),), m.tokens_per_s)
     by_cap = sorted(members, key=lambda m: (-caps[m.node_id], m.node_id))
+    if can_link is not None:
+        heads = [m for m in by_cap if all(can_link(m.node_id, o.node_id) for o in by_cap if o is not m)]
+        if not heads:
+            return None
+        by_cap.remove(heads[0])
+        by_cap.insert(0, heads[0])
     first, last, mids = by_cap[0], by_cap[1], by_cap[2:]
     mids.sort(key=lambda m: (-m.tokens_per_s, m.node_id))
     ordered = [first, *mids, last]
@@ -281,7 +301,7 @@ def build_pipeline(members: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg:
 
 
 def form_pipelines(nodes: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg: PlanConfig = PlanConfig(),
-                   now: float = 0.0) -> Plan:
+                   now: float = 0.0, can_link: CanLink | None = None) -> Plan:
     """A fresh plan for ``nodes`` (see the module docstring for the rule)."""
     e_first, e_last = end_costs(model, run)
     need = model.n_layers + e_first + e_last
@@ -312,11 +332,11 @@ def form_pipelines(nodes: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg: P
     used = {i for c in best_cover for i in c}
     leftovers = sorted((parts[i] for i in range(len(parts)) if i not in used),
                        key=lambda n: (-n.tokens_per_s, n.node_id))
-    built = [build_pipeline(g, model, run, cfg) for g in groups]
+    built = [build_pipeline(g, model, run, cfg, can_link) for g in groups]
     for node in leftovers:
         gains = []
         for j, g in enumerate(groups):
-            trial = build_pipeline(g + [node], model, run, cfg)
+            trial = build_pipeline(g + [node], model, run, cfg, can_link)
             if trial is not None and built[j] is not None:
                 gains.append((trial.tokens_per_s - built[j].tokens_per_s, j, trial))
         gain = max(gains, key=lambda t: (t[0], -t[1]), default=None)
@@ -327,14 +347,16 @@ def form_pipelines(nodes: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg: P
         groups[j].append(node)
         built[j] = trial
     for j, g in enumerate(groups):
-        groups[j], built[j], dropped = _prune(g, built[j], model, run, cfg)
+        groups[j], built[j], dropped = _prune(g, built[j], model, run, cfg, can_link)
         spare.extend(dropped)
+        if built[j] is None and can_link is not None:  # no member links with all the others
+            spare.extend(m.node_id for m in groups[j])
     out = [p for p in pipelines + built if p is not None]
     return Plan(tuple(out), tuple(sorted(spare)), method, now)
 
 
 def _prune(group: list[NodeSpec], built: Pipeline | None, model: ModelSpec, run: RunSpec,
-           cfg: PlanConfig) -> tuple[list[NodeSpec], Pipeline | None, list[str]]:
+           cfg: PlanConfig, can_link: CanLink | None = None) -> tuple[list[NodeSpec], Pipeline | None, list[str]]:
     """Drop members whose removal raises the pipeline's throughput (a slow node that the
     fewest-stages covering picked, or one whose hop costs more than its speed brings)."""
     dropped: list[str] = []
@@ -342,7 +364,7 @@ def _prune(group: list[NodeSpec], built: Pipeline | None, model: ModelSpec, run:
         trials = []
         for m in group:
             rest = [x for x in group if x is not m]
-            trial = build_pipeline(rest, model, run, cfg)
+            trial = build_pipeline(rest, model, run, cfg, can_link)
             if trial is not None and trial.tokens_per_s > built.tokens_per_s:
                 trials.append((trial.tokens_per_s, m.node_id, rest, trial))
         if not trials:
@@ -353,7 +375,7 @@ def _prune(group: list[NodeSpec], built: Pipeline | None, model: ModelSpec, run:
 
 
 def replan(current: Plan, nodes: list[NodeSpec], model: ModelSpec, run: RunSpec,
-           cfg: PlanConfig = PlanConfig(), now: float = 0.0) -> Plan:
+           cfg: PlanConfig = PlanConfig(), now: float = 0.0, can_link: CanLink | None = None) -> Plan:
     """The plan after joins and leaves (``nodes`` is the new snapshot).
 
     Intact pipelines (every member still present) are kept as they are; members of broken
@@ -361,14 +383,16 @@ def replan(current: Plan, nodes: list[NodeSpec], model: ModelSpec, run: RunSpec,
     A fresh plan of all nodes replaces that only when it predicts at least ``cfg.min_gain``
     more throughput *and* ``cfg.cooldown_s`` have passed since the last full plan; so a
     node that flaps, or a small gain, never reshuffles layers (and KV caches) swarm-wide.
+    With ``can_link``, a kept pipeline whose head lost a link to a member is re-formed too.
     """
     present = {n.node_id: n for n in nodes}
-    kept = [p for p in current.pipelines if all(i in present for i in p.node_ids)]
+    kept = [p for p in current.pipelines if all(i in present for i in p.node_ids)
+            and (can_link is None or all(can_link(p.node_ids[0], i) for i in p.node_ids[1:]))]
     taken = {i for p in kept for i in p.node_ids}
     rest = [n for n in nodes if n.node_id not in taken]
-    extra = form_pipelines(rest, model, run, cfg, now)
+    extra = form_pipelines(rest, model, run, cfg, now, can_link)
     incremental = Plan(tuple(kept) + extra.pipelines, extra.spare, extra.method, current.planned_at)
-    fresh = form_pipelines(nodes, model, run, cfg, now)
+    fresh = form_pipelines(nodes, model, run, cfg, now, can_link)
     if should_switch(incremental.tokens_per_s, fresh.tokens_per_s, now - current.planned_at, cfg):
         return fresh
     return incremental

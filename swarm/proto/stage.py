@@ -63,6 +63,9 @@ class StageAssignment(Message):
     #: True for the pipeline's head (first stage), which is leased the pipeline's work; a
     #: replica (a spare copy of one hop, not in ``route``) and the other stages only serve.
     head: bool = False
+    #: Peers (of ``route``) this node must dial itself because they cannot dial it: connection
+    #: reversal (``swarm.discovery.links``); the head then opens its streams over that connection.
+    dial: list[str] = bounded_default([], max_items=64, max_len=128)
 
 
 @dataclass
