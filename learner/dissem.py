@@ -112,6 +112,8 @@ class LearnerDissem:
         self.relays: dict[int, list[str]] = {}
         #: Links between members (dial-backs, hole punches) and the reversals asked for.
         self.links = LearnerLinks(host, cfg.link_dial_timeout_s)
+        #: NAT'd nodes that registered before :meth:`run` started: their punch rounds wait for it.
+        self._punch_waiting: list[str] = []
 
     def register(self) -> None:
         self.dis.register()
@@ -148,10 +150,16 @@ class LearnerDissem:
                      describe(member.layer_range))
         self.members[peer_id] = member
         self._notify()
-        if self.cfg.links and not reach.reachable and self._nursery is not None:
-            self._nursery.start_soon(self._punch_round, peer_id)
+        if self.cfg.links and not reach.reachable:
+            self._start_punch_round(peer_id)
         current = max(self.have, default=-1)
         return DissemJoinAck(self.cfg.mode, self.cfg.stall_timeout_s, self.cfg.node_wait_s, current)
+
+    def _start_punch_round(self, peer_id: str) -> None:
+        if self._nursery is None:  # run() starts the rounds of nodes that registered before it
+            self._punch_waiting.append(peer_id)
+        else:
+            self._nursery.start_soon(self._punch_round, peer_id)
 
     async def _punch_round(self, peer_id: str) -> None:
         """Hole punches between a NAT'd newcomer and the other NAT'd members (``learner/links.py``);
@@ -333,6 +341,9 @@ class LearnerDissem:
         """Encode and broadcast submitted versions in order (broadcasts may overlap)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            for peer in self._punch_waiting:
+                nursery.start_soon(self._punch_round, peer)
+            self._punch_waiting.clear()
             task_status.started()
             async for reply in self._recv:
                 adapter = reply.to_adapter()
