@@ -200,6 +200,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--avx2-lib", default=None, help="directory of a second llama.cpp build (libllama.so, libggml*.so)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--cost", action="store_true",
+                   help="instead: seconds per group of an exact replay against the statistical check (bench/replay_cost.py)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
 
 
@@ -209,7 +211,12 @@ def run(a: argparse.Namespace) -> None:
         w = json.loads(a.worker)
         print(json.dumps(generate(w["settings"], w["group_size"], w["max_tokens"], w["groups"])))
         return
-    res = measure(a.groups, a.group_size, a.max_tokens, a.avx2_lib)
+    if a.cost:
+        from bench.replay_cost import measure_cost
+
+        res = measure_cost(a.groups, a.group_size, a.max_tokens)
+    else:
+        res = measure(a.groups, a.group_size, a.max_tokens, a.avx2_lib)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(res, indent=1))
