@@ -38,6 +38,8 @@ DASHBOARD_FLAGS = (S("--dashboard", "dashboard.listen", metavar="HOST:PORT", als
                    S("--no-dashboard", "dashboard.enabled", const=False))
 #: ``demo`` and ``eval``: the task and the seeds.
 TASK_FLAGS = (S("--task", "task.name", metavar="NAME"), S("--seed", ("task.seed", "train.seed")))
+#: ``launch`` and ``demo``: figures also to TensorBoard / W&B (``learner/report_to.py``).
+REPORT_FLAGS = (S("--report-to", "report.to", metavar="TARGET"),)
 #: ``demo``: the run's length and synchronisation.
 DEMO_FLAGS = (S("--steps", "train.steps"), S("--mode", "sync.mode"),
               S("--max-staleness", "sync.max_staleness", metavar="S"))
@@ -55,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a config field, e.g. --set train.steps=20 (repeatable)")
     la.add_argument("--resume", action="store_true", help="continue from the run dir's latest checkpoint")
     add_network_arguments(la)
-    add_shortcuts(la, LearnerConfig, LAUNCH_FLAGS)
+    add_shortcuts(la, LearnerConfig, LAUNCH_FLAGS + REPORT_FLAGS)
     la.add_argument("--gpus", type=int, default=1, metavar="N",
                     help="train on N local ranks (one GPU each; gloo ranks on a CPU-only machine) through torchrun; "
                          "rank 0 runs the swarm side")
@@ -68,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--pipeline", action="store_true",
                     help="instead of --nodes/--backends: three torch nodes whose --max-memory caps are too small "
                          "for the model (the learner forms one 3-stage pipeline of them) and one llama.cpp node")
-    add_shortcuts(de, LearnerConfig, DEMO_FLAGS + TASK_FLAGS)
+    add_shortcuts(de, LearnerConfig, DEMO_FLAGS + TASK_FLAGS + REPORT_FLAGS)
     de.add_argument("--run-dir", type=Path, default=None, help="output directory (default runs/demo-<timestamp>)")
     de.add_argument("--config", type=Path, default=None, help="optional TOML config to start from")
     de.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"swarm-learner: report written to {write_report(args.run_dir, args.out)}")
             return 0
         if args.command == "launch":
-            flags = shortcut_overrides(args, LAUNCH_FLAGS + DASHBOARD_FLAGS) + network_overrides(args)
+            flags = shortcut_overrides(args, LAUNCH_FLAGS + DASHBOARD_FLAGS + REPORT_FLAGS) + network_overrides(args)
             cfg = validate(load_config(LearnerConfig, args.config, [*args.overrides, *flags]))
             run_dir = args.run_dir or _default_run_dir("")
             if args.gpus < 1:
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = [*shortcut_overrides(args, TASK_FLAGS), *args.overrides]
         if args.command == "eval":
             return run_eval_command(args, validate(load_config(LearnerConfig, args.config, overrides)))
-        overrides += shortcut_overrides(args, DEMO_FLAGS + DASHBOARD_FLAGS)
+        overrides += shortcut_overrides(args, DEMO_FLAGS + DASHBOARD_FLAGS + REPORT_FLAGS)
         cfg = validate(load_config(LearnerConfig, args.config, overrides))
         from learner.demo import run_demo, run_pipeline_demo  # trio, libp2p
 

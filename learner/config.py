@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from swarm.addrs import check_announce, split_peer_id
+from learner.report_to import ReportConfig
 from swarm.config import ConfigError
 from swarm.discovery.keys import check_run_name
 from swarm.nat.config import NatConfig
@@ -54,11 +55,14 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    #: Registered task name: ``arith``, ``math``, ``knights`` or ``sokoban`` (``tasks/registry.py``).
+    #: The task: ``arith``, ``math``, ``knights``, ``sokoban``, ``data`` (a local file), ``rg:<dataset>``
+    #: (reasoning-gym), ``package.module:factory`` or an ``echo_swarm.tasks`` entry point
+    #: (``tasks/registry.py``, ``tasks/plugins.py``, ``docs/tasks.md``).
     name: str = "arith"
     #: Seed of the problem generator (train and eval splits are disjoint for every seed).
     seed: int = 0
-    #: Difficulty knobs passed to the task's own config dataclass (see ``tasks/<name>.py``).
+    #: Knobs of the task: its config dataclass's fields (``tasks/<name>.py``), a reasoning-gym
+    #: dataset's config fields, or a plugin factory's keyword arguments.
     options: dict[str, Any] = field(default_factory=dict)
     #: Train on multi-turn episodes: nodes run the task's environment (model turn, observation,
     #: model turn, ...) and the learner replays the actions (``learner/episodes.py``). Only for
@@ -308,10 +312,12 @@ class LearnerConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     #: Budgets per connection, peer id and address block on every incoming stream (``swarm/limits.py``).
     limits: LimitSettings = field(default_factory=LimitSettings)
+    #: Each step's figures also to TensorBoard / W&B (``--report-to``; ``learner/report_to.py``).
+    report: ReportConfig = field(default_factory=ReportConfig)
 
     def validate(self) -> LearnerConfig:
         """Check every section with a ``validate()`` and the rules across sections; returns self."""
-        for section in (self.lora, self.train, self.sync, self.network, self.run, self.verify, self.replay):
+        for section in (self.lora, self.train, self.sync, self.network, self.run, self.verify, self.replay, self.report):
             section.validate()
         t, sy = self.train, self.sync
         require(sy.mode != "async" or sy.buffer_limit(t.prompts_per_step) >= t.prompts_per_step,

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from tasks.episode_tokens import episode_prompt, replay_record
+from tasks.plugins import task_version
 
 log = logging.getLogger("echo_swarm.learner")
 
@@ -68,11 +69,13 @@ class EpisodeSettings:
     options: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 1
     max_episode_tokens: int = 1
+    version: str = ""
+    """The task's declared version (``tasks.plugins.task_version``): a node must run the same."""
 
     def lease_fields(self) -> dict[str, Any]:
         """Keyword arguments of ``swarm.proto.work.Lease``."""
         return dict(episode=self.task, task_seed=self.seed, task_options=dict(self.options),
-                    max_turns=self.max_turns, max_episode_tokens=self.max_episode_tokens)
+                    max_turns=self.max_turns, max_episode_tokens=self.max_episode_tokens, task_version=self.version)
 
     def limits(self) -> dict[str, int]:
         """Keyword arguments of ``learner.coordinator.Limits``."""
@@ -85,7 +88,7 @@ def episode_settings(cfg: Any, task: Any) -> EpisodeSettings | None:
         return None
     turns = int(task.max_turns)
     budget = int(cfg.task.max_episode_tokens) or turns * (int(cfg.train.max_tokens) + ENV_TURN_TOKENS)
-    return EpisodeSettings(cfg.task.name, int(cfg.task.seed), task_options(cfg.task), turns, budget)
+    return EpisodeSettings(cfg.task.name, int(cfg.task.seed), task_options(cfg.task), turns, budget, task_version(task))
 
 
 def initial_prompt(task: Any, tokenizer: Any, problem: Any, multi_turn: bool) -> list[int]:

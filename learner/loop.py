@@ -36,6 +36,7 @@ from learner.models import load_tokenizer, resolve_model
 from learner.ledger import WorkLedger
 from learner.pipelines import pipeline_settings, stage_alive
 from learner.replay_llamacpp import build_replay
+from learner.report_to import build_sinks
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from learner.steps import StepContext, async_step, sequential_step
 from learner.trainer_build import build_trainer
@@ -123,7 +124,9 @@ async def run_learner(
         in_step = cfg.verify.in_step and cfg.sync.mode == "sequential" and not trainer.ranks.active
         verifier = Verifier(trainer, cfg.verify, t.temperature, t.top_p, state.version, seed=t.seed, in_step=in_step)
     run_id = run_identity(run_dir, resume, uuid.uuid4().hex[:8])[1]
-    metrics = MetricsWriter(run_dir, resume=resume, resume_step=state.step)
+    metrics = MetricsWriter(run_dir, resume=resume, resume_step=state.step,
+                            sinks=build_sinks(cfg.report, run_dir, config=to_dict(cfg), run_id=run_id,
+                                              resume_step=state.step if resume else None))
     host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s,
                           limits=cfg.limits)
     identity_dir = Path(data_dir) if data_dir is not None else run_dir / "identity"
@@ -189,6 +192,7 @@ async def run_learner(
                 await trio.to_thread.run_sync(replay.close)
             await trio.to_thread.run_sync(save_state, run_dir, trainer, state, open_problem_refs(coord))
             await trio.to_thread.run_sync(trainer.save_adapter, run_dir / "adapter")
+            metrics.close()  # TensorBoard / W&B
             if metrics.rows:
                 plot_rewards(metrics.rows, run_dir / "reward.png", title=f"{cfg.task.name}: reward per step")
             (run_dir / "ledger.json").write_text(json.dumps(coord.counts(), indent=1))

@@ -1,11 +1,15 @@
-"""Run-directory outputs: ``metrics.jsonl``, the console progress line, ``reward.png``."""
+"""Run-directory outputs: ``metrics.jsonl`` (and its copies in TensorBoard / W&B, ``learner/report_to.py``),
+the console progress line, ``reward.png``."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("echo_swarm.learner")
 
 #: Window of the rolling mean reward shown on the console and used by the demo's summary.
 ROLLING_WINDOW = 5
@@ -23,7 +27,9 @@ class MetricsWriter:
     """Appends one row per learner step. ``resume_step``: on resume, rows after this step (written
     after the checkpoint, before a crash) are cut off so that no step appears twice."""
 
-    def __init__(self, run_dir: Path, resume: bool = False, resume_step: int | None = None):
+    def __init__(self, run_dir: Path, resume: bool = False, resume_step: int | None = None, sinks: list | None = None):
+        #: Also receive every row's numeric figures (``learner.report_to``: TensorBoard, W&B).
+        self.sinks = list(sinks or [])
         self.path = Path(run_dir) / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = read_metrics(self.path) if resume and self.path.exists() else []
         if not resume:
@@ -38,6 +44,25 @@ class MetricsWriter:
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row, allow_nan=False, default=_jsonable) + "\n")
+        if self.sinks:
+            from learner.report_to import scalars_of
+
+            scalars = scalars_of(row)
+            for sink in list(self.sinks):
+                try:
+                    sink.write(int(row.get("step", len(self.rows))), scalars)
+                except Exception as e:  # a full disk or a broken sink must not stop training
+                    log.warning("metrics: %s failed (%r); it gets no more rows", type(sink).__name__, e)
+                    self.sinks.remove(sink)
+
+    def close(self) -> None:
+        """Close the sinks (metrics.jsonl is closed after every row)."""
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as e:
+                log.warning("metrics: closing %s failed: %r", type(sink).__name__, e)
+        self.sinks = []
 
     def rewards(self) -> list[float]:
         return [r["reward_mean"] for r in self.rows]

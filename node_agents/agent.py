@@ -16,7 +16,7 @@ from node_agents.adapter_sync import AdapterSync
 from node_agents.backends.base import Backend, SamplingParams
 from node_agents.config import NodeConfig
 from node_agents.discovery import NodeDiscovery
-from node_agents.episodes import EpisodeError, EpisodeRunner
+from node_agents.episodes import EpisodeError, EpisodeRunner, TaskUnavailable
 from swarm.errors import SwarmError
 from swarm.proto import ADAPTER, HELLO, ROLLOUTS, WORK
 from swarm.proto.adapter import AdapterReply, AdapterRequest
@@ -218,6 +218,8 @@ class NodeAgent:
             if lease.episode:  # multi-turn: run the task's environment (node_agents/episodes.py)
                 try:
                     comps = await trio.to_thread.run_sync(self.episodes.run_group, self.backend, lease, g, params)
+                except TaskUnavailable:
+                    raise  # fatal: no lease of this run can be served here (the CLI prints why)
                 except EpisodeError as e:
                     raise LearnerGone(f"cannot run the episodes of lease {lease.lease_id}: {e}") from e
             else:

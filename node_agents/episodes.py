@@ -47,6 +47,12 @@ class EpisodeError(ValueError):
     """A multi-turn lease the node cannot run (unknown task, bad options or problem reference)."""
 
 
+class TaskUnavailable(EpisodeError):
+    """The lease's task is not installed on this node, or at another version than the learner's:
+    no lease of the run can be served, so the node stops with this message (a plugin's code is
+    never fetched over the network)."""
+
+
 @dataclass
 class EpisodeRollout:
     """One finished episode in the wire's shape (see ``swarm.proto.rollouts.Completion``)."""
@@ -138,19 +144,31 @@ class EpisodeRunner:
                 self._tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
             return self._tokenizer
 
-    def task(self, name: str, seed: int, options: dict) -> Any:
-        """The task of a lease (cached per name, seed and options)."""
+    def task(self, name: str, seed: int, options: dict, version: str = "") -> Any:
+        """The task of a lease (cached per name, seed and options), at the lease's ``version``."""
+        from tasks.plugins import TaskNotInstalled, check_node_task
         from tasks.registry import make_task
 
         key = (name, int(seed), json.dumps(options, sort_keys=True, default=str))
         if key not in self._tasks:
             try:
                 task = make_task(SimpleNamespace(name=name, seed=int(seed), options=dict(options)))
+            except TaskNotInstalled as e:
+                raise TaskUnavailable(f"this node cannot run the run's multi-turn task {name!r}: {e}") from None
             except (ValueError, TypeError) as e:
                 raise EpisodeError(f"cannot build task {name!r}: {e}") from None
             if not is_env_task(task):
                 raise EpisodeError(f"task {name!r} has no multi-turn environment")
+            try:
+                check_node_task(name, version, task)
+            except ValueError as e:
+                raise TaskUnavailable(str(e)) from None
             self._tasks[key] = task
+        else:
+            try:
+                check_node_task(name, version, self._tasks[key])
+            except ValueError as e:
+                raise TaskUnavailable(str(e)) from None
         return self._tasks[key]
 
     def run_group(self, backend: Any, lease: Any, group: Any, params: SamplingParams) -> list[EpisodeRollout]:
@@ -160,7 +178,7 @@ class EpisodeRunner:
                                f"({group.problem_split!r}, {group.problem_index})")
         if lease.max_turns < 1 or lease.max_episode_tokens < 1:
             raise EpisodeError("a multi-turn lease needs max_turns >= 1 and max_episode_tokens >= 1")
-        task = self.task(lease.episode, lease.task_seed, lease.task_options)
+        task = self.task(lease.episode, lease.task_seed, lease.task_options, getattr(lease, "task_version", ""))
         tokenizer = self.tokenizer()
         problem = task.problem(group.problem_split, group.problem_index)
         if not self._warned_prompt and episode_prompt(task, tokenizer, problem) != list(group.prompt_ids):

@@ -67,6 +67,9 @@ class Lease(Message):
     #: rebuilds exactly the learner's problems, prompts and environment.
     task_seed: int = bounded_default(0, min=0, max=2**63 - 1)
     task_options: dict[str, Any] = bounded_default({}, max_items=64)
+    #: Multi-turn: the task's declared version (a plugin's ``version``; ``""`` = none). A node
+    #: whose installed task has another version refuses the lease (``tasks.plugins.check_node_task``).
+    task_version: str = bounded_default("", max_items=64)
     #: Multi-turn: most assistant turns per episode.
     max_turns: int = bounded_default(0, min=0, max=1024)
     #: Multi-turn: most tokens after the initial prompt (model and environment tokens together).

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from node_agents.backends.base import SamplingParams
-from node_agents.episodes import EpisodeError, EpisodeRunner, run_group_episodes, turn_seed
+from node_agents.episodes import EpisodeError, EpisodeRunner, TaskUnavailable, run_group_episodes, turn_seed
 from swarm.proto.work import Lease, PromptGroup, Sampling
 from tasks.base import Problem
 from tasks.episode_tokens import episode_prompt, mask_runs
@@ -81,7 +81,7 @@ def test_runner_builds_the_task_once_and_refuses_bad_leases(chatml_tokenizer, sc
     assert len(eps) == 2 and all(1 <= ep.turns <= 2 for ep in eps)
     with pytest.raises(EpisodeError, match="no multi-turn environment"):
         runner.task("arith", 0, {})
-    with pytest.raises(EpisodeError, match="cannot build"):
+    with pytest.raises(TaskUnavailable, match="cannot run the run's multi-turn task 'nosuchtask'"):
         runner.task("nosuchtask", 0, {})
     with pytest.raises(EpisodeError, match="cannot build"):
         runner.task("sokoban", 0, {"max_turns": 0})
@@ -107,5 +107,53 @@ def test_agent_turns_an_unrunnable_episode_lease_into_a_reconnect(chatml_tokeniz
     async def main():
         with pytest.raises(LearnerGone, match="no multi-turn environment"):
             await agent._serve_lease(None, "peer", bad)
+
+    trio.run(main)
+
+
+PLUGIN_ENV = """
+from tasks.sokoban import SokobanConfig, SokobanTask
+
+class Versioned(SokobanTask):
+    version = "2.0"
+
+def make(seed=0, **options):
+    return Versioned(SokobanConfig(**options), seed=seed)
+"""
+
+
+def test_a_plugin_task_runs_only_at_the_leases_version(tmp_path, monkeypatch, chatml_tokenizer, scripted_backend):
+    import sys
+
+    (tmp_path / "sokoban_plugin_v2.py").write_text(PLUGIN_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        runner = EpisodeRunner()
+        runner._tokenizer = chatml_tokenizer
+        task = runner.task("sokoban_plugin_v2:make", 0, {"max_turns": 2}, "2.0")
+        assert task.version == "2.0"
+        with pytest.raises(TaskUnavailable, match="learner runs version '3.0', this node has '2.0'"):
+            runner.task("sokoban_plugin_v2:make", 0, {"max_turns": 2}, "3.0")
+        with pytest.raises(TaskUnavailable, match="this node has '2.0'"):
+            runner.task("sokoban_plugin_v2:make", 1, {"max_turns": 2}, "1.0")
+    finally:
+        sys.modules.pop("sokoban_plugin_v2", None)
+
+
+def test_a_node_without_the_leases_task_stops_with_the_reason(chatml_tokenizer, scripted_backend):
+    """Unlike a bad lease, a task this node does not have is fatal: every lease of the run names it."""
+    import trio
+
+    from node_agents.agent import NodeAgent
+    from node_agents.config import NodeConfig
+
+    agent = NodeAgent(NodeConfig(learner=""), SimpleNamespace(name="fake"), "t")
+    agent.adapter_key = (agent.run_id, 0)
+    missing = lease(episode="not_installed_pkg.envs:make", options={})
+    missing.groups = [PromptGroup("g0", [1, 2], "train", 0)]
+
+    async def main():
+        with pytest.raises(TaskUnavailable, match="module 'not_installed_pkg' is not installed here"):
+            await agent._serve_lease(None, "peer", missing)
 
     trio.run(main)
