@@ -5,7 +5,9 @@
 - a built-in name (``arith``, ``math``, ``knights``, ``sokoban``, ``data``);
 - ``rg:<dataset>``: a reasoning-gym generator (:mod:`tasks.rg`);
 - ``package.module:factory``: ``factory`` is imported from ``package.module`` (the current
-  directory is searched too, so a task file beside the run works without installing it);
+  directory is searched too, after everything installed);
+- ``path/to/file.py:factory``: ``factory`` from a Python file (relative to the current
+  directory), e.g. ``examples/my_task.py:make``: a task file beside the run, nothing installed;
 - any other plain name: an entry point of that name in the group ``echo_swarm.tasks``, as an
   installed package declares it (``[project.entry-points."echo_swarm.tasks"] my_task =
   "my_pkg.tasks:make"``).
@@ -26,13 +28,16 @@ raises, or returns something that is not a finite number, into a logged 0.0 (cla
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import math
 import os
 import re
 import sys
+import zlib
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Callable, Literal
 
 log = logging.getLogger("echo_swarm.tasks")
@@ -51,8 +56,9 @@ REQUIRED_METHODS = ("problem", "render_prompt", "reward")
 
 _PATH = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", re.ASCII)
 _PLAIN = re.compile(r"[A-Za-z_][\w.-]*", re.ASCII)
+_FILE = re.compile(r"([^:]+\.py):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)", re.ASCII)
 
-Kind = Literal["builtin", "rg", "path", "entry_point"]
+Kind = Literal["builtin", "rg", "path", "file", "entry_point"]
 
 
 class TaskNotInstalled(ValueError):
@@ -79,6 +85,8 @@ def parse_task_name(name: Any) -> TaskRef:
         if not re.fullmatch(r"[A-Za-z0-9_]+", dataset, re.ASCII):
             raise ValueError(f"task.name {name!r}: rg:<dataset> needs a reasoning-gym dataset name, e.g. rg:basic_arithmetic")
         return TaskRef("rg", dataset)
+    if _FILE.fullmatch(name):
+        return TaskRef("file", name)
     if ":" in name:
         if not _PATH.fullmatch(name):
             raise ValueError(f"task.name {name!r}: a plugin path is 'package.module:factory'")
@@ -92,9 +100,9 @@ def parse_task_name(name: Any) -> TaskRef:
 def resolve_attr(path: str, what: str = "task factory") -> Callable[..., Any]:
     """The object at ``package.module:attr`` (``attr`` may be dotted). The current directory is
     tried after ``sys.path``; ``TaskNotInstalled`` when the module is not found."""
-    module_name, _, attr = path.partition(":")
+    module_name, _, attr = path.rpartition(":")
     try:
-        module = _import(module_name)
+        module = _load_file(module_name) if _FILE.fullmatch(path) else _import(module_name)
     except ModuleNotFoundError as e:
         raise TaskNotInstalled(f"{what} {path!r}: module {e.name!r} is not installed here (install the package "
                                "that provides it, or run from the directory that holds it)") from None
@@ -121,6 +129,24 @@ def _import(module_name: str):
         return importlib.import_module(module_name)
 
 
+def _load_file(file: str):
+    """The module of a Python file, loaded once per absolute path (kept in ``sys.modules``)."""
+    p = Path(file).expanduser().resolve()
+    if not p.is_file():
+        raise TaskNotInstalled(f"task file {file!r} not found (relative paths start at {os.getcwd()!r})")
+    name = "echo_swarm_user_task_%s_%08x" % (re.sub(r"\W", "_", p.stem), zlib.crc32(str(p).encode()))
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, p)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
+
 def entry_point_factory(name: str) -> Callable[..., Any]:
     """The factory an installed package declares as ``name`` in group ``echo_swarm.tasks``."""
     found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
@@ -140,7 +166,7 @@ def entry_point_factory(name: str) -> Callable[..., Any]:
 
 def build_plugin(ref: TaskRef, seed: int, options: dict[str, Any]) -> Any:
     """Call the plugin's factory with ``seed`` and ``options`` and check what it returns."""
-    factory = resolve_attr(ref.target) if ref.kind == "path" else entry_point_factory(ref.target)
+    factory = entry_point_factory(ref.target) if ref.kind == "entry_point" else resolve_attr(ref.target)
     try:
         task = factory(seed=int(seed), **options)
     except TypeError as e:

@@ -4,7 +4,8 @@
 ``task.options`` are the knobs of its config dataclass (the fields documented in
 ``tasks/<name>.py``; unknown knobs are an error naming the known ones); ``rg:<dataset>``
 (:mod:`tasks.rg`); ``data``, prompts and answers from a local file (:mod:`tasks.data_files`);
-or a plugin (``package.module:factory`` or an ``echo_swarm.tasks`` entry point), whose factory
+or a plugin (``package.module:factory``, ``path/to/file.py:factory`` or an ``echo_swarm.tasks``
+entry point), whose factory
 gets ``task.options`` as keyword arguments.
 """
 
@@ -65,7 +66,7 @@ def make_task(cfg: Any):
         from tasks.data_files import DataConfig, DataTask
 
         return DataTask(build_config_of("data", DataConfig, options), seed=cfg.seed)
-    if ref.kind in ("path", "entry_point"):
+    if ref.kind in ("path", "file", "entry_point"):
         return build_plugin(ref, int(cfg.seed), options)
     task_cls: Callable = _classes(cfg.name)[0]
     return task_cls(build_config(cfg.name, options), seed=cfg.seed)

@@ -69,6 +69,8 @@ def plugin_module(tmp_path, monkeypatch):
     ("pkg.mod:make", TaskRef("path", "pkg.mod:make")),
     ("pkg.mod:Cls.build", TaskRef("path", "pkg.mod:Cls.build")),
     ("my-task", TaskRef("entry_point", "my-task")),
+    ("examples/my_task.py:make", TaskRef("file", "examples/my_task.py:make")),
+    ("/abs/dir/t.py:Cls.make", TaskRef("file", "/abs/dir/t.py:Cls.make")),
 ])
 def test_parse_task_name(name, ref):
     assert parse_task_name(name) == ref
@@ -148,3 +150,14 @@ def test_safe_score(value, want):
 
 def test_problem_type_is_shared():
     assert Problem("a", "q", 1).answer == 1
+
+
+def test_a_task_file_is_loaded_by_path(tmp_path, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "file_task.py").write_text(PLUGIN)
+    monkeypatch.chdir(tmp_path)
+    a = make_task(Cfg("sub/file_task.py:make", options={"word": "w"}))
+    b = make_task(Cfg(str(tmp_path / "sub" / "file_task.py") + ":make"))
+    assert a.word == "w" and b.word == "hi" and type(a._inner) is type(b._inner)  # loaded once
+    with pytest.raises(TaskNotInstalled, match="task file 'sub/none.py' not found"):
+        make_task(Cfg("sub/none.py:make"))
