@@ -11,6 +11,11 @@ Run as ``python tests/integration/cheat_node.py MODE <swarm-node join arguments>
   reports that adapter's (true) log-probs.
 - ``other_model``: samples from a different policy: the logits scaled as if the temperature
   were 2.5 (a different distribution over the same vocabulary), reporting those log-probs.
+- ``greedy``: greedy text (the most likely token at every step) with its true log-probs.
+- ``adapter_off``: the lease's adapter with LoRA B + N(0, 0.02): an adapter only slightly off,
+  sampled from the lease's seed with its (true) log-probs.
+- ``insert3``: honest groups except one completion, into which 3 tokens of its own are inserted
+  after the first token, every log-prob the true one of the resulting text.
 - ``honest``: no change (a control).
 """
 
@@ -20,7 +25,8 @@ import sys
 
 import numpy as np
 
-MODES = ("bad_push", "made_up", "doctored", "other_adapter", "other_model", "honest")
+MODES = ("bad_push", "made_up", "doctored", "other_adapter", "other_model", "greedy", "adapter_off", "insert3", "honest")
+INSERTED_TEXT = " so we have that"
 DOCTORED_TEXT = "I checked this twice and it is simple.\nAnswer: 7"
 
 
@@ -36,6 +42,10 @@ class CheatBackend:
             rng = np.random.default_rng(1234)
             adapter.tensors = {k: (v + rng.normal(0, 0.05, v.shape)).astype(np.float32)
                                for k, v in adapter.tensors.items()}
+        if self.mode == "adapter_off" and adapter is not None and adapter.tensors:
+            rng = np.random.default_rng(4321)
+            adapter.tensors = {k: (v + rng.normal(0, 0.02, v.shape)).astype(np.float32) if "lora_B" in k else v
+                               for k, v in adapter.tensors.items()}
         return self.inner.set_adapter(adapter)
 
     def generate_group(self, prompt_ids, n, params):
@@ -43,6 +53,8 @@ class CheatBackend:
 
         if self.mode == "other_model":
             params.temperature = 2.5
+        if self.mode == "greedy":
+            params.temperature = 0.0  # argmax; the log-probs reported are still the policy's (T = 1)
         out = self.inner.generate_group(prompt_ids, n, params)
         if self.mode == "bad_push":
             return [SampledCompletion(c.token_ids, [0.5] * len(c.logprobs), c.finish_reason) for c in out]
@@ -58,7 +70,19 @@ class CheatBackend:
                 - scaled.max(1, keepdims=True)
             lps = [float(scaled[len(prompt_ids) - 1 + i, tok]) for i, tok in enumerate(ids)]
             return [SampledCompletion(list(ids), lps, "length") for _ in out]
+        if self.mode == "insert3":
+            c = out[0]
+            extra = self.inner.tokenize(INSERTED_TEXT, add_special=False, parse_special=False)[:3]
+            ids = (c.token_ids[:1] + extra + c.token_ids[1:])[: params.max_tokens]
+            out[0] = SampledCompletion(ids, self._true_logprobs(prompt_ids, ids, params.temperature),
+                                       c.finish_reason if len(ids) == len(c.token_ids) + 3 else "length")
         return out
+
+    def _true_logprobs(self, prompt_ids, ids, temperature):
+        rows = self.inner.token_logprobs(list(prompt_ids) + list(ids)) / max(temperature, 1e-6)
+        top = rows.max(1, keepdims=True)
+        rows = rows - top - np.log(np.exp(rows - top).sum(1, keepdims=True))
+        return [float(rows[len(prompt_ids) - 1 + i, tok]) for i, tok in enumerate(ids)]
 
 
 def main(argv: list[str]) -> int:

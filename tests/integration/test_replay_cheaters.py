@@ -1,0 +1,114 @@
+"""Exact verification with real processes: dishonest ``swarm-node`` processes
+(``tests/integration/cheat_node.py``) beside honest ones, over real libp2p against an in-process
+learner that replays llama.cpp nodes' picked groups (``learner/replay.py``). Each cheater is caught
+at its first replayed group, by the replay; honest nodes are never flagged, whatever their thread
+count. The work ledger records which test verified or failed each node's groups."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from learner.config import LearnerConfig
+from learner.demo import node_command, stop_processes
+from learner.loop import run_learner
+from learner.metrics import read_metrics
+from swarm.config import load_config
+
+pytestmark = pytest.mark.integration
+
+CHEAT = Path(__file__).with_name("cheat_node.py")
+
+
+def config(*extra: str) -> LearnerConfig:
+    return load_config(LearnerConfig, None, [
+        'network.listen="/ip4/127.0.0.1/tcp/0"', "train.checkpoint_every=0", "sync.long_poll_s=1.0",
+        "sync.lease_timeout_s=900", "dissem.mode=direct", "train.micro_batch=4", *extra])
+
+
+def spawn(addr: str, tmp: Path, name: str, mode: str | None, threads: int) -> subprocess.Popen:
+    cmd = node_command(addr, tmp / name, threads, name, "default") + ["--no-probe", "-v"]
+    if mode is not None:  # the same command line through the cheating wrapper
+        cmd = [sys.executable, str(CHEAT), mode] + cmd[3:]
+    log = open(tmp / f"{name}.log", "w")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[tuple[str, str | None, int]], seconds: float) -> dict:
+    """Learner in this process, ``nodes`` (name, cheat mode or None, threads) as processes."""
+    procs: list[subprocess.Popen] = []
+    seen: dict = {}
+
+    async def main():
+        with trio.fail_after(seconds):
+            async with trio.open_nursery() as nursery:
+                addrs = await nursery.start(lambda task_status: run_learner(
+                    cfg, tmp_path / "run", console=lambda s: None,
+                    on_service=lambda svc: seen.setdefault("svc", svc), task_status=task_status))
+                for name, mode, threads in nodes:
+                    procs.append(spawn(addrs[0], tmp_path, name, mode, threads))
+
+    try:
+        trio.run(main)
+    finally:
+        stop_processes(procs, 20)
+    svc = seen["svc"]
+    logs = {name: (tmp_path / f"{name}.log").read_text() for name, _m, _t in nodes}
+    peer_of = {name: next(line.split()[2] for line in logs[name].splitlines() if line.startswith(f"[{name}] peer "))
+               for name, _m, _t in nodes}
+    return {"svc": svc, "logs": logs, "peer_of": peer_of, "rows": read_metrics(tmp_path / "run" / "metrics.jsonl"),
+            "work": json.loads((tmp_path / "run" / "swarm.json").read_text())["work"]}
+
+
+def check_caught(out: dict, cheats: list[str], honest: list[str]) -> None:
+    """Every cheater untrusted by the replay at its first replayed group, nothing of theirs trained;
+    the honest nodes never flagged."""
+    svc, work, peer_of = out["svc"], out["work"], out["peer_of"]
+    untrusted = svc.admission.untrusted
+    for m in cheats:
+        p = peer_of[m]
+        assert p in untrusted and "unverified" in untrusted[p] and "replay: completion" in untrusted[p], \
+            (m, untrusted.get(p), out["logs"][m][-2000:])
+        assert work[p]["failed"] == {"replay": 1}, (m, work[p])  # the replay caught it ...
+        assert work[p]["verified"].get("replay", 0) == 0, (m, work[p])  # ... at its first replayed group
+        assert work[p]["groups_trained"] == 0 and work[p]["untrusted"]
+    for h in honest:
+        p = peer_of[h]
+        assert p not in untrusted, (h, untrusted.get(p))
+        assert work[p]["failed"] == {} and work[p]["verified"].get("replay", 0) >= 1, (h, work[p])
+    trained_by = {p for r in out["rows"] for p in r["nodes"]}
+    assert trained_by == {peer_of[h] for h in honest}, (trained_by, peer_of)
+    assert sum(r.get("replay_failed", 0) for r in out["rows"]) == len(cheats)
+    print("replay per step:", [(r.get("replay_groups"), r.get("replay_s_per_group")) for r in out["rows"]],
+          "ledger:", {n: (work[p]["verified"], work[p]["failed"]) for n, p in peer_of.items()})
+
+
+def test_three_inserted_tokens_are_caught_by_the_replay_at_the_first_group(tmp_path):
+    """A node that inserts 3 tokens into one completion of its group (true log-probs of the new
+    text): the statistical test cannot see it; the replay catches it at its first group."""
+    cfg = config("train.steps=1", "train.prompts_per_step=2", "train.group_size=2", "train.max_tokens=12",
+                 "sync.min_waiting_nodes=2")
+    out = run(tmp_path, cfg, [("insert3", "insert3", 1), ("honest", None, 1)], seconds=900)
+    assert [r["step"] for r in out["rows"]] == [1]
+    check_caught(out, ["insert3"], ["honest"])
+    assert "completion 0 leaves the replay at token 1" in out["svc"].admission.untrusted[out["peer_of"]["insert3"]]
+
+
+@pytest.mark.slow
+def test_greedy_off_adapter_and_inserted_tokens_are_caught_and_honest_threads_never_flagged(tmp_path):
+    """Three cheaters (greedy text; the lease's adapter with LoRA B + N(0, 0.02); 3 inserted
+    tokens) beside honest nodes at 1 and 2 threads (the learner replays with 1): each cheater is
+    untrusted at its first replayed group by the replay; the honest ones pass every replay over
+    three steps."""
+    cheats = ["greedy", "adapter_off", "insert3"]
+    cfg = config("train.steps=3", "train.prompts_per_step=5", "train.group_size=4", "train.max_tokens=32",
+                 "sync.min_waiting_nodes=5")
+    nodes = [(m, m, 1) for m in cheats] + [("honest1", None, 1), ("honest2", None, 2)]
+    out = run(tmp_path, cfg, nodes, seconds=3000)
+    assert [r["step"] for r in out["rows"]] == [1, 2, 3]
+    check_caught(out, cheats, ["honest1", "honest2"])
