@@ -42,9 +42,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codecs", action="store_true", help="also report bytes on the wire per codec")
     p.add_argument("--parity", action="store_true", help="also measure int8-vs-fp32 generation parity")
     p.add_argument("--sim-nodes", default="16,100,1000,10000", help="N for the simulator-only table")
+    p.add_argument("--nat", type=int, default=0,
+                   help="compare N nodes of which this many sit behind NAT routers with N public and with NAT'd "
+                        "nodes as learner-fed leaves (bench/broadcast_nat.py); N = the largest --nodes")
+    p.add_argument("--nat-routers", type=int, default=3, help="with --nat: EIM routers the NAT'd nodes sit behind")
 
 
 def run(args) -> None:
+    if args.nat:
+        from bench.broadcast_nat import nat_runs, print_nat
+
+        rows = nat_runs(args)
+        print_nat(rows, args)
+        if args.out:
+            args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return
     if args.codecs:
         codec_table()
     if not args.no_network:

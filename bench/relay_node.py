@@ -12,6 +12,13 @@ trials file (``{"mode", "n", "rank", "codec", ...}``): it publishes a fresh rand
 adapter of the SmolLM2-135M LoRA shape at that rank to the first ``n`` registered nodes
 and writes one JSON line per trial: time from the start of the push until the last of
 them verified the last chunk (``completed_at`` is wall-clock time on the same machine).
+
+Both run a :class:`swarm.nat.service.NatService` (the learner serves the circuit relay), so
+nodes behind emulated NAT routers reserve at the learner's relay and hole-punch to each other
+when the learner asks (``learner/links.py``). With ``--sets FILE`` the learner waits for that
+JSON file (``{"name": [peer ids]}``, written once the nodes are up) and for the hole-punch
+rounds to end; a trial's ``"set"`` then names the nodes it publishes to, and its ``"links"``
+whether the plan follows links (false: NAT'd nodes are learner-fed leaves).
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     lr.add_argument("--addr-file", type=Path, help="write the learner's multiaddr here")
     lr.add_argument("--join-timeout", type=float, default=120.0)
     lr.add_argument("--trial-timeout", type=float, default=300.0)
+    lr.add_argument("--sets", type=Path, help="wait for this JSON file of named node sets")
+    lr.add_argument("--punch-wait", type=float, default=300.0, help="longest wait (s) for hole-punch rounds")
     for q in (n, lr):
         q.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -75,10 +84,11 @@ async def run_node(args) -> None:
 
     from node_agents.adapter_sync import AdapterSync
     from swarm.host import open_host
+    from swarm.nat.service import nat_running
 
-    async with open_host(args.data_dir, listen_addr=args.listen) as host:
+    async with open_host(args.data_dir, listen_addr=args.listen) as host, nat_running(host) as nat:
         learner = await host.connect(args.learner)
-        sync = AdapterSync(host, learner, upload_bps=args.upload_mbps * 125_000)
+        sync = AdapterSync(host, learner, upload_bps=args.upload_mbps * 125_000, nat=nat)
         sync.dis.settings.send_delay_s = args.send_delay_ms / 1000
         await sync.join(args.run_id)
         print(f"peer {host.peer_id}", flush=True)
@@ -93,9 +103,12 @@ async def run_learner(args) -> None:
     from learner.dissem import LearnerDissem
     from common.lora import LoraAdapter
     from swarm.host import open_host
+    from swarm.nat.config import NatConfig
+    from swarm.nat.service import nat_running
 
     trials = json.loads(args.trials.read_text())
-    async with open_host(args.data_dir, listen_addr=args.listen) as host:
+    relay = NatConfig(serve_relay=True, relay_max_circuits=32, relay_max_reservations=256)
+    async with open_host(args.data_dir, listen_addr=args.listen) as host, nat_running(host, relay):
         dissem = LearnerDissem(host, DissemConfig(), args.run_id)
         dissem.register()
         if args.addr_file:
@@ -106,13 +119,43 @@ async def run_learner(args) -> None:
         order = sorted(dissem.members)
         async with trio.open_nursery() as nursery:
             await nursery.start(dissem.run)
+            sets = await wait_sets(args, dissem) if args.sets else {}
             with open(args.out, "a") as out:
                 for version, trial in enumerate(trials, start=1):
-                    row = await one_trial(dissem, order, version, trial, args.trial_timeout, LoraAdapter, DissemConfig)
+                    members = sets.get(trial["set"], order) if "set" in trial else order
+                    row = await one_trial(dissem, members, version, trial, args.trial_timeout, LoraAdapter, DissemConfig)
                     out.write(json.dumps(row) + "\n")
                     out.flush()
                     print(json.dumps(row), flush=True)
             nursery.cancel_scope.cancel()
+
+
+async def wait_sets(args, dissem) -> dict[str, list[str]]:
+    """The named node sets of ``--sets`` (waited for), once the hole-punch rounds are over."""
+    import trio
+
+    while not args.sets.exists():
+        await trio.sleep(0.2)
+    sets = json.loads(args.sets.read_text())
+    await trio.sleep(1.0)  # the rounds of the last registrations start
+    t0 = time.perf_counter()
+    idle = await dissem.links.wait_idle(args.punch_wait)
+    punched = len(dissem.link_snapshot().punched)
+    print(f"hole-punch rounds {'done' if idle else 'NOT done'} after {time.perf_counter() - t0:.1f} s: "
+          f"{punched} pair(s) punched, {len(dissem.links.punches)} attempt(s) recorded", flush=True)
+    return sets
+
+
+def link_figures(dissem, members: list[str], version: int) -> dict:
+    """Of ``members``: how many cannot be dialled, how many of those relayed chunks to another
+    node in ``version`` (by the nodes' reports) and how many are leaves by their role."""
+    from swarm.discovery.links import relay_role
+
+    nat = [p for p in members if not dissem.members[p].reachable]
+    senders = {s for r in dissem.have.get(version, {}).values() for s, n in r.sources.items() if n > 0}
+    links = dissem.link_snapshot()
+    leaves = [p for p in nat if links is None or not relay_role(links, p).relay]
+    return {"nat_nodes": len(nat), "nat_relayed": len([p for p in nat if p in senders]), "nat_leaves": len(leaves)}
 
 
 async def one_trial(dissem, order, version, trial, timeout, LoraAdapter, DissemConfig) -> dict:
@@ -139,7 +182,8 @@ async def one_trial(dissem, order, version, trial, timeout, LoraAdapter, DissemC
         **trial, "version": version, "ok": ok, "nodes_done": len(done), "encode_s": round(encode_s, 3),
         "params": sum(t.size for t in tensors.values()), "wire_bytes": asm.manifest.total_bytes,
         "raw_bytes": asm.manifest.raw_bytes, "chunks": len(asm.chunks),
-        "depth": dissem.plan([dissem.members[p] for p in members]).depth(),
+        "depth": dissem.plan([dissem.members[p] for p in members], None, dissem.link_snapshot()).depth(),
+        **link_figures(dissem, members, version),
         "time_s": round(max(done) - start, 4) if done else None,
         "first_s": round(min(done) - start, 4) if done else None,
         "repaired": sum(r.repaired for r in reports.values()),

@@ -37,13 +37,17 @@ CIRCUIT = "/p2p-circuit"
 
 
 class LearnerLinks:
-    def __init__(self, host, timeout_s: float, punch_timeout_s: float = 100.0) -> None:
+    def __init__(self, host, timeout_s: float, punch_timeout_s: float = 35.0) -> None:
         self.host = host
         self.timeout_s = timeout_s
         #: Deadline (s) of a request that reserves or hole-punches (retries and backoff included).
         self.punch_timeout_s = punch_timeout_s
         #: Punch rounds under way (:meth:`punch_round`); :meth:`wait_idle` waits for none.
         self.busy = 0
+        #: Pairs of NAT'd nodes that reached each other by a plain dial (inside one network).
+        self.lan: set[frozenset[str]] = set()
+        #: Pairs a punch round is trying now (another round does not try them again meanwhile).
+        self._trying: set[frozenset[str]] = set()
         self._idle = trio.Event()
         self._idle.set()
         #: ``(a, b, succeeded, reason)`` of every hole punch reported, oldest first.
@@ -59,13 +63,14 @@ class LearnerLinks:
             self.punches.append((a, b, bool(ok), str(why)[:300]))
 
     def forget(self, peer: str) -> None:
+        self.lan = {p for p in self.lan if peer not in p}
         kept = [p for p in self.punches if peer not in p[:2]]
         self.punches.clear()
         self.punches.extend(kept)
         self._roles.pop(peer, None)
 
     def snapshot(self, dialable: Iterable[str], why_not: Mapping[str, str] | None = None) -> Links:
-        return links_from(dialable, list(self.punches), why_not)
+        return links_from(dialable, list(self.punches), why_not, [tuple(p) for p in self.lan])
 
     def log_roles(self, links: Links, peers: Iterable[str]) -> None:
         """Log each node's role (relay or leaf, and why) when it changed."""
@@ -83,6 +88,7 @@ class LearnerLinks:
             "roles": {p: {"kind": r.kind, "relay": r.relay, "why": r.why}
                       for p, r in ((p, relay_role(links, p)) for p in peers)},
             "punched": sorted(sorted(pr) for pr in links.punched),
+            "lan": sorted(sorted(pr) for pr in links.lan),
             "punch_failed": sorted(sorted(pr) for pr in links.failed),
             "dials": [{"dialer": d, "listener": li, "connected": ok, "why": why}
                       for (d, li), (ok, why, _at) in sorted(self.dials.items())],
@@ -120,12 +126,18 @@ class LearnerLinks:
             await self._request(peer, LinkDial(peers=[me], how=["reserve"], reason="relay reservation"),
                                 self.punch_timeout_s)
             tried = {frozenset(p[:2]) for p in self.punches}
-            order = sorted(others, key=lambda o: (frozenset((peer, o)) in tried, o))[:MAX_PUNCH_PEERS]
+            order = sorted((o for o in others if frozenset((peer, o)) not in self._trying),
+                           key=lambda o: (frozenset((peer, o)) in tried, o))[:MAX_PUNCH_PEERS]
             if not order:
                 return
+            pairs = {frozenset((peer, o)) for o in order}
+            self._trying |= pairs
             dials = [Dial(peer, o, PUNCH) for o in order]
             counts = {"asked": len(dials), "connected": 0, "failed": 0}
-            await self._ask(peer, dials, addrs, "hole punch round", counts)
+            try:
+                await self._ask(peer, dials, addrs, "hole punch round", counts)
+            finally:
+                self._trying -= pairs
             log.info("links: %s punched %d of %d NAT'd peer(s)", peer[-6:], counts["connected"], len(dials))
         finally:
             self.busy -= 1
@@ -153,12 +165,14 @@ class LearnerLinks:
                 for d in ds]
         msg = LinkDial(peers=refs, how=[d.how for d in ds], reason=reason[:200])
         timeout = self.punch_timeout_s if any(d.how == PUNCH for d in ds) else self.timeout_s + 2.0
+        answered = True
         try:
             reply = await self.host.request(dialer, LINK_DIAL, msg, LinkDialReply, timeout=timeout)
             made = set(reply.connected)
             errors = dict(zip(reply.failed, reply.errors))
+            plain = set(reply.direct) & made
         except (SwarmError, WireError) as e:
-            made, errors = set(), {}
+            made, errors, answered, plain = set(), {}, False, set()
             log.warning("links: %s did not answer the dial request (%s)", dialer[-6:], e)
         now = time.time()
         for d in ds:
@@ -166,7 +180,9 @@ class LearnerLinks:
             why = "" if ok else errors.get(d.listener, "no answer to the dial request")
             self.dials[(d.dialer, d.listener)] = (ok, why, now)
             counts["connected" if ok else "failed"] += 1
-            if d.how == PUNCH:
+            if d.how == PUNCH and d.listener in plain:  # inside one network: no punch through the NAT
+                self.lan.add(frozenset((d.dialer, d.listener)))
+            elif d.how == PUNCH and answered:  # no answer says nothing about the pair
                 self.record_punch(d.dialer, d.listener, ok, why)
             if not ok:
                 log.warning("links: %s could not connect to %s (%s): %s", dialer[-6:], d.listener[-6:], d.how, why)

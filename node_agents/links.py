@@ -28,8 +28,10 @@ log = logging.getLogger("echo_swarm.node")
 
 #: Deadline (s) of the connection to one peer.
 DIAL_TIMEOUT_S = 8.0
-#: Deadline (s) of one hole punch (its retries and backoff included) or one reservation.
-PUNCH_TIMEOUT_S = 90.0
+#: Deadline (s) of one hole punch (its retries and backoff included) or one reservation: under
+#: the host's handler deadline (``HostConfig.handler_timeout_s``, 30 s), so the learner always
+#: gets the node's answer.
+PUNCH_TIMEOUT_S = 25.0
 CIRCUIT = "/p2p-circuit"
 
 
@@ -54,19 +56,21 @@ class LinkDialer:
             raise PermissionError("only this node's learner may ask it to dial")
         t0 = time.monotonic()
         got: dict[str, str | None] = {}
+        direct: set[str] = set()
         async with trio.open_nursery() as nursery:
             for ref, how in zip(msg.peers, msg.how):
                 if ref.peer_id not in got and ref.peer_id != self.host.peer_id:
                     got[ref.peer_id] = "not tried"
-                    nursery.start_soon(self._one, ref.peer_id, list(ref.addrs), how, got)
+                    nursery.start_soon(self._one, ref.peer_id, list(ref.addrs), how, got, direct)
         ok = [p for p, e in got.items() if e is None]
         bad = [p for p, e in got.items() if e is not None]
+        plain = [p for p in ok if p in direct]
         log.info("links: %s: connected to %d peer(s)%s", msg.reason or "learner asked", len(ok),
                  "; failed: " + "; ".join(f"{p[-6:]}: {got[p]}" for p in bad) if bad else "")
         return LinkDialReply(connected=ok, failed=bad, errors=[str(got[p])[:300] for p in bad],
-                             seconds=min(time.monotonic() - t0, 3600.0))
+                             seconds=min(time.monotonic() - t0, 3600.0), direct=plain)
 
-    async def _one(self, peer: str, addrs: list[str], how: str, got: dict[str, str | None]) -> None:
+    async def _one(self, peer: str, addrs: list[str], how: str, got: dict[str, str | None], direct: set[str]) -> None:
         t0 = time.monotonic()
         limit = self.timeout_s if how == "reversed" else self.punch_timeout_s
         err: str | None = "no dialable address"
@@ -75,7 +79,9 @@ class LinkDialer:
                 err = await self._reserve(peer, addrs)
             else:
                 err = await self._dial(peer, addrs)
-                if err is not None and how == "punch":
+                if err is None:
+                    direct.add(peer)
+                elif how == "punch":
                     err = await self._punch(peer, addrs, err)
         if scope.cancelled_caught:
             err = f"no connection within {limit} s"

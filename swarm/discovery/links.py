@@ -10,6 +10,8 @@ head drive a stage is the *link* between the two, not either node alone. A pair 
   both are connected to, tells the second to do so);
 - else a hole punch between them succeeded (the per-pair record of the hole-punch attempts):
   the pair punches again (the learner tells one of them);
+- else they reached each other by a plain dial of their own addresses (two nodes inside one
+  network, e.g. behind the same router): one dials the other again;
 - else no direct link exists (both behind NAT, no punch worked: a symmetric NAT on either side,
   typically).
 
@@ -17,10 +19,10 @@ The learner (peer id :data:`LEARNER`, the empty string, as in the broadcast plan
 to every node already (each node dialled it), so it links with everyone, and it dials nobody.
 
 The *role* of a node in a plan follows (:func:`relay_role`): a node that can be dialled, or
-that punched a hole with some peer, can be a relay (an interior node of the broadcast tree, a
+that punched a hole through its NAT with some peer, can be a relay (an interior node of the broadcast tree, a
 chunk server, a pipeline stage another stage reaches); a node with no way in at all (not
-dialable, and every hole punch failed or none was tried) is a *leaf*, fed over connections it
-opens itself: a node feeding only dialable peers would use up the dialable parents that the
+dialable, and every hole punch failed or none was tried; links inside its own network do not
+count) is a *leaf*, fed over connections it opens itself: a node feeding only dialable peers would use up the dialable parents that the
 NAT'd nodes need, and would not be reachable for repair or as a holder. Every decision here is
 a pure function of a :class:`Links` snapshot and carries its reason in plain words, for the
 logs and the dashboard.
@@ -74,6 +76,8 @@ class Links:
     #: Pairs of NAT'd peers between which a hole punch (or a direct dial inside one network)
     #: made a direct connection.
     punched: frozenset[frozenset[str]] = frozenset()
+    #: Pairs of NAT'd peers inside one network: a plain dial of the other's own address worked.
+    lan: frozenset[frozenset[str]] = frozenset()
     #: Pairs whose hole punch failed, with the reason (for the role's explanation).
     failed: Mapping[frozenset[str], str] = field(default_factory=dict)
     #: Per peer, why it is not dialable (the dial-back's summary), for the explanations.
@@ -94,6 +98,8 @@ class Links:
             return Dial(receiver, sender, REVERSED)
         if pair(sender, receiver) in self.punched:
             return Dial(receiver, sender, PUNCH)
+        if pair(sender, receiver) in self.lan:
+            return Dial(receiver, sender, REVERSED)
         return None
 
     def can_link(self, a: str, b: str) -> bool:
@@ -106,18 +112,23 @@ class Links:
     def failed_with(self, peer: str) -> list[str]:
         return sorted(p for pr in self.failed if peer in pr for p in pr if p != peer)
 
+    def lan_with(self, peer: str) -> list[str]:
+        return sorted(p for pr in self.lan if peer in pr for p in pr if p != peer)
+
 
 def links_from(dialable: Iterable[str], punch_results: Iterable[tuple[str, str, bool, str]] = (),
-               why_not_dialable: Mapping[str, str] | None = None) -> Links:
-    """A :class:`Links` snapshot from dial-back results and hole-punch results
-    ``(a, b, succeeded, reason)``; the latest result of a pair wins (later items are later)."""
+               why_not_dialable: Mapping[str, str] | None = None,
+               lan: Iterable[tuple[str, str]] = ()) -> Links:
+    """A :class:`Links` snapshot from dial-back results, hole-punch results
+    ``(a, b, succeeded, reason)`` (the latest result of a pair wins: later items are later) and
+    the pairs that reached each other inside one network (``lan``)."""
     last: dict[frozenset[str], tuple[bool, str]] = {}
     for a, b, ok, why in punch_results:
         if a != b:
             last[pair(a, b)] = (bool(ok), str(why))
     return Links(dialable=frozenset(dialable), punched=frozenset(k for k, (ok, _) in last.items() if ok),
                  failed={k: why for k, (ok, why) in last.items() if not ok},
-                 why_not_dialable=dict(why_not_dialable or {}))
+                 why_not_dialable=dict(why_not_dialable or {}), lan=frozenset(pair(a, b) for a, b in lan if a != b))
 
 
 @dataclass(frozen=True)
@@ -142,12 +153,15 @@ def relay_role(links: Links, peer: str) -> Role:
                     f"{nat}; hole punch succeeded with {len(punched)} peer(s): it relays to them and to "
                     f"dialable peers, and dialable parents reach it by connection reversal")
     failed = links.failed_with(peer)
+    lan = links.lan_with(peer)
+    inside = f"; direct links only inside its own network ({len(lan)} peer(s))" if lan else ""
     if failed:
         return Role(peer, False, "leaf",
                     f"{nat}; every hole punch failed ({len(failed)} peer(s); an endpoint-dependent "
-                    f"(symmetric) NAT likely): a leaf, fed by a dialable parent over a connection it opens itself")
+                    f"(symmetric) NAT likely){inside}: a leaf, fed by a dialable parent over a connection it "
+                    f"opens itself")
     return Role(peer, False, "leaf",
-                f"{nat}; no hole punch has succeeded yet: a leaf, fed by a dialable parent over a "
+                f"{nat}; no hole punch has succeeded yet{inside}: a leaf, fed by a dialable parent over a "
                 f"connection it opens itself")
 
 

@@ -55,5 +55,8 @@ class LinkDialReply(Message):
     #: Peers it could not connect to, each with the reason (same order).
     failed: list[str] = bounded_default([], max_items=MAX_LINK_PEERS, max_len=128)
     errors: list[str] = bounded_default([], max_items=MAX_LINK_PEERS, max_len=300)
+    #: Of ``connected``: the peers reached by a plain dial of their own addresses, without a hole
+    #: punch (for a peer that cannot be dialled from outside: both inside one network).
+    direct: list[str] = bounded_default([], max_items=MAX_LINK_PEERS, max_len=128)
     #: Seconds the dials took in all.
     seconds: float = bounded_default(0.0, min=0.0, max=3600.0)

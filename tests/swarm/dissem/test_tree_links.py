@@ -106,3 +106,15 @@ def test_latest_punch_result_wins():
     assert not links.can_link("a", "b") and links.failed_with("a") == ["b"]
     links = links_from([], [("a", "b", False, "reset"), ("a", "b", True, "")])
     assert links.can_link("a", "b") and links.punched_with("b") == ["a"]
+
+
+def test_links_inside_one_network_carry_data_but_do_not_make_a_relay():
+    # s0, s1 behind one symmetric router: they reach each other over their LAN, every punch
+    # through the router failed; e0 punched with e1 across two routers
+    links = links_from(["pub"], [("s0", "e0", False, "timeout"), ("e0", "e1", True, "")], lan=[("s0", "s1")])
+    assert links.can_link("s0", "s1") and links.dial("s0", "s1").how == REVERSED
+    role = relay_role(links, "s0")
+    assert not role.relay and "inside its own network (1 peer(s))" in role.why and "symmetric" in role.why
+    assert relay_role(links, "e0").relay and relay_role(links, "e0").kind == "punched"
+    plan = build_plan([Member(p) for p in ("pub", "e0", "e1", "s0", "s1")], "tree", 2, links=links)
+    assert not {"s0", "s1"} & plan.relays()
