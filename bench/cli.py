@@ -28,6 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "pipeline": ("bench.pipeline", "pipeline-sharded generation: k stage processes vs the whole model; busy, bubble, bytes/token"),
     "holepunch": ("bench.holepunch", "hole punching across emulated NAT routers: success and time to a direct connection per NAT kind"),
     "decode": ("bench.decode_bench", "frame decoder cost per byte on realistic messages, and what amplification frames cost"),
+    "math-verify": ("bench.math_agreement", "the math task's math-verify check against the old integer check: agreement, disagreements"),
+    "rg-tasks": ("bench.rg_tasks", "reasoning-gym datasets as rg: tasks: end to end, and the base model's reward on each"),
 }
 
 

@@ -48,14 +48,19 @@ class ReplayConfig:
     max_logprob_diff: float = 1e-4
     #: Replayer contexts kept (one per distinct declared layout).
     contexts: int = 2
+    #: Largest declared KV cache replayed, in cells (``n_ctx * max_group``); a node declaring more
+    #: is not replayed (statistical check), so no hello can make the learner allocate without bound.
+    max_kv_cells: int = 65536
+    #: Largest declared thread count replayed (the replay runs the node's own count).
+    max_threads: int = 64
 
     def validate(self) -> None:
         if not (self.budget_s_per_step >= 0 and math.isfinite(self.budget_s_per_step)):
             raise ConfigError(f"replay.budget_s_per_step must be >= 0, got {self.budget_s_per_step}")
         if not self.max_logprob_diff >= 0:
             raise ConfigError(f"replay.max_logprob_diff must be >= 0, got {self.max_logprob_diff}")
-        if self.contexts < 1:
-            raise ConfigError("replay.contexts must be >= 1")
+        if self.contexts < 1 or self.max_kv_cells < 1 or self.max_threads < 1:
+            raise ConfigError("replay.contexts, replay.max_kv_cells and replay.max_threads must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -103,10 +108,13 @@ def numerics_of(backend: str, extra: dict) -> Numerics | None:
     return Numerics(build, sha, n_threads, max_group, n_batch, n_ctx, kv_type, flash, unified == "1")
 
 
-def replayable(node: Numerics | None, own_build: str, own_gguf_sha256: str) -> bool:
+def replayable(node: Numerics | None, own_build: str, own_gguf_sha256: str, max_kv_cells: int = 65536,
+               max_threads: int = 64) -> bool:
     """Whether the learner's replayer reproduces ``node`` exactly: same llama.cpp build and CPU
-    feature set, and the same GGUF file (hence quantisation)."""
-    return node is not None and node.llama_build == own_build and node.gguf_sha256 == own_gguf_sha256
+    feature set, the same GGUF file (hence quantisation), and a context within the learner's
+    bounds (KV cells ``n_ctx * max_group``, threads)."""
+    return (node is not None and node.llama_build == own_build and node.gguf_sha256 == own_gguf_sha256
+            and node.n_ctx * node.max_group <= max_kv_cells and node.n_threads <= max_threads)
 
 
 def compare_group(pushed: Sequence[tuple[Sequence[int], Sequence[float]]],

@@ -62,7 +62,8 @@ class LlamaCppReplay:
         budget allows it."""
         if any(c.mask for c in result.completions):
             return False  # multi-turn: environment tokens are not the model's to replay
-        if not replayable(self.numerics_of(peer_id), self.build, self.gguf_sha256):
+        if not replayable(self.numerics_of(peer_id), self.build, self.gguf_sha256, self.cfg.max_kv_cells,
+                          self.cfg.max_threads):
             return False
         return self.budget.allow(peer_id)
 

@@ -25,6 +25,12 @@ def test_numerics_are_read_from_a_llamacpp_hello():
     assert not replayable(n, "llama-cpp-python 0.3.36 | CPU : AVX512 = 1", SHA)  # another build
     assert not replayable(n, EXTRA["llama_build"], "cd" * 32)  # another GGUF (quantisation)
     assert not replayable(None, EXTRA["llama_build"], SHA)
+    # a declared context beyond the learner's bounds is not replayed (no allocation without bound)
+    big = numerics_of("llamacpp", {**EXTRA, "n_ctx": "131072", "max_group": "64"})
+    assert big is not None and not replayable(big, EXTRA["llama_build"], SHA)
+    assert replayable(big, EXTRA["llama_build"], SHA, max_kv_cells=131072 * 64)
+    many = numerics_of("llamacpp", {**EXTRA, "n_threads": "200"})
+    assert not replayable(many, EXTRA["llama_build"], SHA) and replayable(many, EXTRA["llama_build"], SHA, max_threads=256)
 
 
 @pytest.mark.parametrize("change", [
@@ -84,7 +90,7 @@ def test_the_budget_spares_first_groups_and_stops_established_peers_when_spent()
 
 def test_replay_config_is_checked():
     ReplayConfig().validate()
-    for bad in (ReplayConfig(budget_s_per_step=-1), ReplayConfig(max_logprob_diff=-1.0), ReplayConfig(contexts=0),
+    for bad in (ReplayConfig(budget_s_per_step=-1), ReplayConfig(max_logprob_diff=-1.0), ReplayConfig(contexts=0), ReplayConfig(max_kv_cells=0),
                 ReplayConfig(budget_s_per_step=math.inf)):
         with pytest.raises(ConfigError):
             bad.validate()
