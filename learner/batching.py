@@ -81,3 +81,14 @@ def pad_samples(samples: Sequence[Any], device: torch.device) -> dict[str, torch
     t = dict(input_ids=input_ids, attention_mask=attn, pos=pos, targets=targets, behav=behav, mask=mask,
              loss_mask=loss_mask, adv=adv)
     return {k: v.to(device) for k, v in t.items()}
+
+
+def cpu_copy(x: Any) -> Any:
+    """``x`` (tensors, possibly inside dicts, lists and tuples) detached and copied to the CPU."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().clone()
+    if isinstance(x, dict):
+        return {k: cpu_copy(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(cpu_copy(v) for v in x)
+    return x

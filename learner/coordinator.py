@@ -331,16 +331,19 @@ class Coordinator:
             self._discard(gid, reason)
         return gids
 
-    def reissue_taken(self, group_ids: list[str], reason: str) -> list[str]:
-        """Groups taken by a training step that did not train them (their push failed the check
-        made on the step's forward, :mod:`learner.step_check`): pending again at the front of the
-        queue, counted as dropped for ``reason``. Returns them."""
-        out = [g for g in group_ids if self.ledger.get(g) == TRAINED]
-        for gid in reversed(out):
-            self.drop_counts[reason] += 1
-            self.discarded[reason] += 1
-            self.ledger[gid] = PENDING
-            self.queue.appendleft(gid)
+    def untake(self, groups: list[CompletedGroup]) -> list[str]:
+        """Sequential mode: groups a training step took and then did not train (the step was
+        abandoned before any update: a check on its forward failed, :mod:`learner.step_check`)
+        are completed again, to be taken by the step's next attempt. Returns their ids."""
+        if self.buffer is not None:
+            raise ValueError("untake is for sequential mode (no replay buffer)")
+        out = []
+        for g in groups:
+            gid = g.spec.group_id
+            if self.ledger.get(gid) == TRAINED:
+                self.completed[gid] = g
+                self.ledger[gid] = COMPLETED
+                out.append(gid)
         return out
 
     def _discard(self, gid: str, reason: str) -> None:

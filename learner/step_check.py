@@ -10,9 +10,12 @@ trains in this order (:meth:`learner.trainer.Trainer.train_step`):
 2. from those logits (detached) each completion's per-token log-prob, entropy and surprisal
    variance are computed (:func:`scored_rows`, the same figures as
    :meth:`learner.trainer.Trainer.token_stats`) and the group is judged (:meth:`StepChecks.judge`);
-3. a group that fails gets no backward pass, and every group trained only if it passes (its
-   *dependents*: the other groups of the same held push) is left out of the rest of the step.
-   Nothing of a failed push is ever trained, as when the check ran before the step.
+3. when every checked group has been judged (they come first, before any optimizer update and
+   before any other group's backward), a failure abandons the step: its gradients are dropped
+   and :class:`ChecksFailed` says which groups failed. The step function then untrusts their
+   peers, whose groups go to other nodes, waits for the replacements and trains the whole batch
+   again (:func:`learner.steps.sequential_step`). Nothing of a failed push is ever trained and no
+   step trains on fewer groups, as when the check ran before the step.
 
 A checked group that the trainer's micro-batching splits (a group larger than a micro-batch, or
 one that shares a micro-batch) is scored by :meth:`~learner.trainer.Trainer.token_stats` before the
@@ -34,6 +37,15 @@ from learner.forward import token_rows
 from learner.verify import Scored
 
 
+class ChecksFailed(Exception):
+    """A training step abandoned before any update because checks on its forward failed."""
+
+    def __init__(self, failed: dict[str, str]) -> None:
+        super().__init__(f"{len(failed)} checked group(s) failed: " + "; ".join(f"{g}: {r}" for g, r in failed.items()))
+        #: group id -> failure reason
+        self.failed = dict(failed)
+
+
 @dataclass(frozen=True)
 class GroupCheck:
     """One picked group to verify inside the step."""
@@ -43,7 +55,7 @@ class GroupCheck:
     size: int
     #: The verdict on the group's scored completions: the failure reason, or ``None``.
     judge: Callable[[list[Scored]], str | None]
-    #: Groups trained only if this one passes (the held push's groups, itself included).
+    #: Groups that may be trained only if this one passes (the held push's, itself included).
     dependents: frozenset[str] = frozenset()
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from functools import partial
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import trio
@@ -27,11 +27,11 @@ import trio
 from learner.behaviour_check import behaviour_diffs
 from learner.checkpoint import LoopState
 from learner.config import LearnerConfig
-from learner.coordinator import COMPLETED, HELD, TRAINED, CompletedGroup, Coordinator, GroupSpec
+from learner.coordinator import COMPLETED, HELD, CompletedGroup, Coordinator, GroupSpec
 from learner.episodes import initial_prompt
 from learner.scoring import score_groups
 from learner.service import LearnerService
-from learner.step_check import GroupCheck, StepChecks
+from learner.step_check import ChecksFailed, GroupCheck, StepChecks
 from learner.step_timing import DissemWatch, StepClock, gen_seconds
 from swarm.proto.adapter import AdapterReply
 
@@ -56,9 +56,6 @@ class StepContext:
     train: Callable[[list], dict]
     #: Times the last published version's dissemination (``learner.step_timing``); None = not timed.
     dissem_watch: DissemWatch | None = None
-    #: Sequential mode: groups a step took but did not train (their push failed its in-step
-    #: check); pending again, they are the next step's first groups.
-    carry: list[str] = field(default_factory=list)
 
 
 def add_problems(ctx, n: int) -> list[str]:
@@ -108,19 +105,28 @@ async def _wait_ready(ctx, ready, describe, refill=None) -> None:
 async def sequential_step(ctx) -> dict[str, Any]:
     t0 = time.perf_counter()
     gen0 = gen_seconds(ctx.service)
-    carry, ctx.carry = [g for g in getattr(ctx, "carry", []) if ctx.coord.ledger.get(g) != TRAINED], []
-    ids = carry + add_problems(ctx, max(0, ctx.cfg.train.prompts_per_step - len(carry)))
+    ids = add_problems(ctx, ctx.cfg.train.prompts_per_step)
     coord, queue = ctx.coord, getattr(ctx.service, "checks", None)
 
     def ready(gid: str) -> bool:  # trainable, or held for a check this step makes on its forward
         state = coord.ledger[gid]
         return state == COMPLETED or (state == HELD and queue is not None and queue.is_deferred(gid))
 
-    await _wait_until(ctx, lambda: all(ready(g) for g in ids),
-                      lambda: f"{sum(ready(g) for g in ids)}/{len(ids)} groups")
-    idle = time.perf_counter() - t0
-    deferred = queue.take_deferred(ids) if queue is not None else []
-    return await _train_and_publish(ctx, coord.take(ids), t0, idle, gen0, deferred)
+    idle, t_wait = 0.0, t0
+    while True:
+        await _wait_until(ctx, lambda: all(ready(g) for g in ids),
+                          lambda: f"{sum(ready(g) for g in ids)}/{len(ids)} groups")
+        idle += time.perf_counter() - t_wait
+        deferred = queue.take_deferred(ids) if queue is not None else []
+        groups = coord.take(ids)
+        try:
+            return await _train_and_publish(ctx, groups, t0, idle, gen0, deferred)
+        except ChecksFailed as failed:  # nothing was trained: wait for the failed pushes' replacements
+            coord.untake(groups)
+            _settle(queue, deferred, failed.failed)  # untrusts their peers: their groups go to others
+            ctx.console(f"learner: step {ctx.state.step + 1}: {len(failed.failed)} group(s) failed verification "
+                        "on the training forward; training again once other nodes replace them")
+            t_wait = time.perf_counter()
 
 
 async def async_step(ctx) -> dict[str, Any]:
@@ -158,18 +164,26 @@ def _step_checks(queue, deferred: list) -> StepChecks | None:
                        for item in deferred for gid, _prompt, result in item.picked])
 
 
-def _settle(ctx, queue, deferred: list, checks: StepChecks | None) -> None:
-    """After the step: credit the pushes whose checks passed; untrust the peers whose failed.
-    A failed push's groups were not trained: they are pending again (counted as dropped
-    ``unverified``) and lead the next step (``ctx.carry``)."""
-    if checks is None:
-        return
-    queue.verifier.add_cost(checks.seconds, checks.judged)
+def _settle(queue, deferred: list, failed: dict[str, str]) -> None:
+    """The verdicts on the deferred pushes of a step: a push with a failed group (``failed``:
+    group id -> reason) untrusts its peer; the others are credited."""
     for item in deferred:
-        failure = next(((gid, checks.failed[gid]) for gid, _p, _r in item.picked if gid in checks.failed), None)
-        if failure is not None:
-            ctx.carry += ctx.coord.reissue_taken(list(item.completions), "unverified")
+        failure = next(((gid, failed[gid]) for gid, _p, _r in item.picked if gid in failed), None)
         queue.settle(item, failure)
+
+
+async def _train(ctx, samples: list, queue, deferred: list) -> dict:
+    """The GRPO update (in a worker thread), verifying the deferred pushes' picked groups on its
+    forward; raises :class:`~learner.step_check.ChecksFailed` when one fails (nothing trained)."""
+    checks = _step_checks(queue, deferred)
+    if checks is None:
+        return await trio.to_thread.run_sync(ctx.train, samples)
+    try:
+        stats = await trio.to_thread.run_sync(partial(ctx.train, samples, checks=checks))
+    finally:
+        queue.verifier.add_cost(checks.seconds, checks.judged)
+    _settle(queue, deferred, {})
+    return stats
 
 
 async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle: float,
@@ -183,14 +197,8 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
         with clock.part("check"):
             check = await trio.to_thread.run_sync(behaviour_diffs, ctx.trainer, groups, ctx.service.node_backends())
     t1 = time.perf_counter()
-    queue = getattr(ctx.service, "checks", None)
-    checks = _step_checks(queue, deferred or [])
-    if checks is None:
-        stats = await trio.to_thread.run_sync(ctx.train, samples)
-    else:  # the deferred pushes' picked groups are verified on this step's forward
-        stats = await trio.to_thread.run_sync(partial(ctx.train, samples, checks=checks))
+    stats = await _train(ctx, samples, getattr(ctx.service, "checks", None), deferred or [])
     train_s = time.perf_counter() - t1
-    _settle(ctx, queue, deferred or [], checks)
     clock.add_train(train_s, stats)
     trained_on = state.version
     state.step += 1

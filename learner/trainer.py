@@ -48,13 +48,13 @@ import torch
 
 from common.lora import LoraAdapter
 from learner import forward, placement
-from learner.batching import TrainSample, as_train_samples, loss_tokens, pad_samples  # noqa: F401 (re-exported)
+from learner.batching import TrainSample, as_train_samples, cpu_copy, loss_tokens, pad_samples  # noqa: F401 (re-exported)
 from learner.config import LoraSettings, TrainConfig
 from learner.distributed import DistContext, resolve_device
 from learner.grpo import policy_loss
 from learner.memory import ModelShape, plan_micro_batch
 from learner.models import ResolvedModel
-from learner.step_check import StepChecks, as_scored, first_minibatch_order, scored_rows
+from learner.step_check import ChecksFailed, StepChecks, as_scored, first_minibatch_order, scored_rows
 from learner.trainer_ranks import RankShards
 
 
@@ -287,6 +287,11 @@ class Trainer:
             stats = self.token_stats(rows[0].prompt_ids, [s.completion_ids for s in rows], self.train.temperature)
             checks.judge(c, as_scored(stats), fused=False, started=t)
 
+    def _abandon(self, checks: StepChecks) -> None:
+        """Checks failed before any update: drop the gradients and end the step (ChecksFailed)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        raise ChecksFailed(checks.failed)
+
     def _update(self, batch: Sequence[Any], prox: dict[int, np.ndarray] | None = None,
                 checks: StepChecks | None = None) -> dict[str, float]:
         """One AdamW step on ``batch``: gradients accumulated over micro-batches, each loss
@@ -304,6 +309,8 @@ class Trainer:
         t_fwd = time.perf_counter()
         for mb, scale in self.ranks.passes(batch, local, self._micro_batches):
             check = checks.whole(mb) if checks is not None else None
+            if check is None and checks is not None and checks.failed:
+                self._abandon(checks)  # every check is judged: they lead the first minibatch
             if checks is not None and not (mb := checks.keep(mb)):
                 continue  # a failed push's groups: never trained
             keep: list | None = [] if check is not None else None
@@ -329,6 +336,8 @@ class Trainer:
                 agg[k] += w * st[k]
             if st["tokens"] > 0:
                 ratio_max, ratio_min = max(ratio_max, st["ratio_max"]), min(ratio_min, st["ratio_min"])
+        if checks is not None and checks.failed:
+            self._abandon(checks)
         t_opt = time.perf_counter()
         # several ranks: sum over ranks = the single-rank gradient (one rank: unchanged)
         agg, ratio_max, ratio_min = self.ranks.reduce(self.params, agg, ratio_max, ratio_min)
@@ -409,16 +418,8 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """LoRA weights, optimizer state and step on the CPU (what other ranks need to match this one)."""
-        def cpu(x: Any) -> Any:
-            if isinstance(x, torch.Tensor):
-                return x.detach().cpu().clone()
-            if isinstance(x, dict):
-                return {k: cpu(v) for k, v in x.items()}
-            if isinstance(x, (list, tuple)):
-                return type(x)(cpu(v) for v in x)
-            return x
-
-        return {"adapter": cpu(self._lora_state()), "optimizer": cpu(self.optimizer.state_dict()), "step": self.step}
+        return {"adapter": cpu_copy(self._lora_state()), "optimizer": cpu_copy(self.optimizer.state_dict()),
+                "step": self.step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (or a checkpoint's) LoRA weights, optimizer state and step."""

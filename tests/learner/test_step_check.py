@@ -6,7 +6,7 @@ import types
 import numpy as np
 import pytest
 
-from learner.step_check import GroupCheck, StepChecks, first_minibatch_order
+from learner.step_check import ChecksFailed, GroupCheck, StepChecks, first_minibatch_order
 from tests.learner.test_verify import tiny_trainer
 
 GROUPS = {"g0": ([5, 9, 17], [[40, 41, 42], [43, 44], [45, 46, 47, 48]]),
@@ -94,30 +94,28 @@ def test_in_step_scores_are_the_separate_passes_and_cost_no_extra_forward(tmp_pa
     assert st["tokens"] > 0 and np.isfinite(st["loss"])
 
 
-def test_a_failed_check_trains_nothing_of_its_push(tmp_path):
-    """A failing group and its dependents get no gradient: the adapter after the step is the one
-    a step gets where those rows carry no advantage."""
+def test_a_failed_check_abandons_the_step_before_any_update(tmp_path):
+    """A failing group ends the step once every check is judged, before any optimizer update:
+    the adapter is unchanged, no gradient is left, and every failure is reported at once."""
     import torch
 
-    kw = dict(loss="ppo_clip", minibatches=1, micro_batch=3, lr=1e-2)
-    trainer = tiny_trainer(tmp_path / "checked", **kw)
+    trainer = tiny_trainer(tmp_path / "checked", loss="ppo_clip", minibatches=2, micro_batch=3, lr=1e-2)
+    before = [p.detach().clone() for p in trainer.params]
     seen: dict = {}
-    checks = StepChecks([GroupCheck("g1", 3, recorder({"g1": "made up"}, seen)("g1"), frozenset({"g1", "g3"}))])
-    trainer.train_step(batch(), checks=checks)
-    assert checks.failed == {"g1": "made up"} and checks.excluded == {"g1", "g3"}
-
-    # the same step with those groups' advantages zeroed (their rows add no gradient, and the
-    # token normaliser counts them as the checked step's does)
-    muted = tiny_trainer(tmp_path / "muted", **kw)
-    rows = batch()
-    for r in rows:
-        if r.group_id in ("g1", "g3"):
-            r.advantage = 0.0
-    muted.train_step(rows)
-    fresh = tiny_trainer(tmp_path / "fresh", **kw)
-    for p, q, f in zip(trainer.params, muted.params, fresh.params):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
-    assert any(not torch.equal(p, f) for p, f in zip(trainer.params, fresh.params))  # it did train
+    make = recorder({"g1": "made up", "g2": "greedy"}, seen)
+    checks = StepChecks([GroupCheck("g1", 3, make("g1"), frozenset({"g1", "g3"})),
+                         GroupCheck("g2", 3, make("g2"), frozenset({"g2"})),
+                         GroupCheck("g0", 3, make("g0"), frozenset({"g0"}))])
+    with pytest.raises(ChecksFailed) as info:
+        trainer.train_step(batch(), checks=checks)
+    assert info.value.failed == {"g1": "made up", "g2": "greedy"}
+    assert set(seen) == {"g0", "g1", "g2"} and checks.judged == 3  # all judged before giving up
+    assert trainer.step == 0
+    for p, q in zip(trainer.params, before):
+        assert torch.equal(p, q) and p.grad is None
+    # the next attempt (the failed groups replaced) trains
+    st = trainer.train_step(batch({g: GROUPS[g] for g in ("g0", "g3")}))
+    assert trainer.step == 2 and st["tokens"] > 0
 
 
 def test_a_check_whose_group_spans_micro_batches_runs_its_own_pass(tmp_path):

@@ -1,7 +1,7 @@
 """The service's side of in-step verification (learner/verify_queue.py, learner/steps.py): a
 picked push of the current version is left to the training step instead of the background
-worker; the step's wait counts it as ready; a pass credits the peer, a failure untrusts it and
-its groups lead the next step, never trained by this one."""
+worker; the step's wait counts it as ready; a pass credits the peer; a failure abandons the
+step, untrusts the peer and sends its groups to other nodes before the step trains again."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import types
 import trio
 
 from learner.coordinator import COMPLETED, HELD, PENDING, TRAINED
-from learner.step_check import StepChecks
 from learner.steps import _settle, _step_checks
 from tests.learner.test_verify_after_ack import generate_and_push, join, setup
 
@@ -22,19 +21,18 @@ def in_step_setup(n_groups: int = 2):
 
 
 def run_step_checks(svc, ids, verdicts):
-    """What sequential_step does around the training call: take the deferred checks, judge each
-    picked group as ``verdicts`` says (the training forward's part), settle."""
+    """What sequential_step does around the training call: take the deferred checks and the
+    groups, judge each picked group as ``verdicts`` says (the training forward's part), then
+    settle: on a failure the step is abandoned (groups untaken, failing peers untrusted)."""
     queue, coord = svc.checks, svc.coordinator
     deferred = queue.take_deferred(ids)
-    coord.take(ids)
+    groups = coord.take(ids)
     checks = _step_checks(queue, deferred)
-    for c in checks.checks if checks is not None else []:
-        c_judge = verdicts.get(c.group_id)
-        checks.judge(types.SimpleNamespace(group_id=c.group_id, dependents=c.dependents,
-                                           judge=lambda scored, r=c_judge: r), [], fused=True, started=0.0)
-    ctx = types.SimpleNamespace(coord=coord, carry=[])
-    _settle(ctx, queue, deferred, checks)
-    return deferred, checks, ctx.carry
+    failed = {c.group_id: verdicts[c.group_id] for c in (checks.checks if checks else []) if verdicts.get(c.group_id)}
+    if failed:
+        coord.untake(groups)
+    _settle(queue, deferred, failed)
+    return deferred, checks, failed
 
 
 def test_a_picked_push_of_the_current_version_waits_for_the_step_not_the_worker():
@@ -53,16 +51,18 @@ def test_a_picked_push_of_the_current_version_waits_for_the_step_not_the_worker(
             assert coord.ledger[g0] == HELD and coord.ledger[g1] == HELD
             assert svc.checks.is_deferred(g0) and svc.checks.is_deferred(g1) and len(svc.checks) == 0
             assert svc.take_contributions() == {}
-            deferred, checks, carry = run_step_checks(svc, [g0, g1], {})
-            assert [d.peer_id for d in deferred] == ["A"] and checks.judged == 1 and not checks.failed
-            assert carry == [] and svc.take_contributions() == {"A": 4}
+            deferred, checks, failed = run_step_checks(svc, [g0, g1], {})
+            assert [d.peer_id for d in deferred] == ["A"] and len(checks.checks) == 1 and not failed
+            assert svc.take_contributions() == {"A": 4}
             assert coord.counts() == {TRAINED: 2}
             svc.finish()
 
     trio.run(main)
 
 
-def test_a_failed_in_step_check_untrusts_and_its_groups_lead_the_next_step():
+def test_a_failed_in_step_check_untrusts_and_its_groups_go_to_other_nodes():
+    """The abandoned step's groups are completed again (the honest push's) or pending again for
+    other nodes (the cheater's, dropped as unverified); the next attempt takes them all."""
     svc, v = in_step_setup(n_groups=3)
     coord = svc.coordinator
 
@@ -70,15 +70,16 @@ def test_a_failed_in_step_check_untrusts_and_its_groups_lead_the_next_step():
         await join(svc, "A", "B")
         g0, _ = await generate_and_push(svc, "A")
         g1, _ = await generate_and_push(svc, "A")
-        deferred, checks, carry = run_step_checks(svc, [g0, g1], {g0: "made up"})
-        assert checks.failed == {g0: "made up"} and checks.excluded == {g0, g1}
-        assert sorted(carry) == sorted([g0, g1])
-        assert coord.ledger[g0] == PENDING and coord.ledger[g1] == PENDING
-        assert "A" in svc.admission.untrusted and svc.take_contributions() == {}
+        g2, _ = await generate_and_push(svc, "B")  # B's first group: picked, deferred too
+        deferred, checks, failed = run_step_checks(svc, [g0, g1, g2], {g0: "made up"})
+        assert failed == {g0: "made up"} and len(deferred) == 2
+        assert coord.ledger[g0] == PENDING and coord.ledger[g1] == PENDING  # A's: to other nodes
+        assert coord.ledger[g2] == COMPLETED  # B's passed: trainable in the next attempt
+        assert "A" in svc.admission.untrusted and svc.take_contributions() == {"B": 2}
         assert coord.take_drop_counts() == {"unverified": 2}
-        # the re-issued groups go to another node
-        g, _ = await generate_and_push(svc, "B")
+        g, _ = await generate_and_push(svc, "B")  # the re-issued groups go to another node
         assert g in (g0, g1)
+        assert svc.checks.is_deferred(g) or coord.ledger[g] == COMPLETED
 
     trio.run(main)
 

@@ -1,0 +1,38 @@
+"""Cheaters caught by the check made on the training step's own forward (``verify.in_step``, the
+default in sequential mode), with real processes: exact replay off, so the statistical check on
+the training forward is the one that judges every picked group."""
+
+import pytest
+
+from learner.metrics import read_metrics
+from tests.integration.test_cheating_node import config, run
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.slow
+def test_cheaters_fail_on_the_training_forward_and_the_step_trains_a_whole_honest_batch(tmp_path):
+    """Two cheaters (made-up log-probs; their own text with its true log-probs) beside one honest
+    node: each is untrusted at its first checked group, the step that found them trained nothing
+    and waited for their groups' replacements, so both steps train their whole batch, all of it
+    from the honest node, and no check ran in the background."""
+    cheats = ["made_up", "doctored"]
+    cfg = config("train.group_size=4", "train.max_tokens=32", "train.prompts_per_step=3",
+                 "sync.min_waiting_nodes=3", "replay.enabled=false")
+    seen = run(tmp_path, cfg, [(m, m) for m in cheats] + [("honest", None)], seconds=900)
+    svc = seen["svc"]
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    logs = {m: (tmp_path / f"{m}.log").read_text() for m in cheats + ["honest"]}
+    peer_of = {m: next(line.split()[2] for line in logs[m].splitlines() if line.startswith(f"[{m}] peer "))
+               for m in cheats + ["honest"]}
+    untrusted = svc.admission.untrusted
+    for m in cheats:
+        assert peer_of[m] in untrusted and "unverified" in untrusted[peer_of[m]], (m, untrusted)
+    assert peer_of["honest"] not in untrusted
+    assert {p for r in rows for p in r["nodes"]} == {peer_of["honest"]}
+    assert svc.coordinator.counts() == {"trained": 6}  # whole batches: 3 groups per step
+    assert [r["samples"] for r in rows] == [12, 12]
+    assert sum(r["verify_failed"] for r in rows) == len(cheats)
+    assert sum(r["verify_in_step_s"] for r in rows) > 0  # judged inside the training step ...
+    assert sum(r["time_verify_s"] for r in rows) == 0  # ... and nothing in the background
