@@ -32,7 +32,7 @@ import logging
 import math
 import random
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 import trio
 
@@ -189,11 +189,13 @@ class LearnerDissem:
         if self.members.pop(peer_id, None) is not None:
             log.warning("dissem: dropped unreachable node %s from the broadcast plan", peer_id[-6:])
 
-    def link_snapshot(self) -> Links | None:
-        """The links the plans follow (None with ``links = false``: NAT'd nodes are learner-fed leaves)."""
+    def link_snapshot(self, unmeasured: Iterable[str] = ()) -> Links | None:
+        """The links the plans follow (None with ``links = false``: NAT'd nodes are learner-fed
+        leaves); peers of ``unmeasured`` that no dial-back measured yet count as dialable."""
         if not self.cfg.links:
             return None
-        return self.links.snapshot([p for p, m in self.members.items() if m.reachable],
+        return self.links.snapshot([p for p, m in self.members.items() if m.reachable]
+                                   + [p for p in unmeasured if p not in self.reach],
                                    {p: "dial-back: " + r.summary() for p, (_a, r) in self.reach.items() if not r.reachable})
 
     def plan(self, members: list[Member], layer_range: LayerRange = None, links: Links | None = None) -> Plan:

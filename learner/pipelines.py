@@ -152,9 +152,11 @@ def assign_replicas(plan: Plan, caps: Mapping[str, int], e_first: int, e_last: i
 
 class PipelineManager:
     def __init__(self, group_size: int, max_tokens: int, settings: PipelineSettings,
-                 on_plan: Callable[[], None] | None = None, links: Callable[[], Links | None] | None = None):
+                 on_plan: Callable[[], None] | None = None,
+                 links: Callable[[list[str]], Links | None] | None = None):
         self.settings = settings
-        #: The learner's current links (``swarm.discovery.links``; None: every pair can link): a
+        #: The learner's current links given the members (``swarm.discovery.links``; a member whose
+        #: reachability is not measured yet counts as dialable; None: every pair can link): a
         #: pipeline's head must link with each of its stages, and a stage the head cannot dial is
         #: told to dial the head (``StageAssignment.dial``).
         self.links = links
@@ -221,7 +223,7 @@ class PipelineManager:
             return
         nodes = [m.spec for m in self.members.values()]
         cfg = self.settings.plan
-        links = self.links() if self.links is not None else None
+        links = self.links(list(self.members)) if self.links is not None else None
         can_link = links.can_link if links is not None else None
         if self.plan is None:
             self.plan = form_pipelines(nodes, self.model, self.run, cfg, now, can_link)
@@ -287,7 +289,7 @@ class PipelineManager:
     def dials_of(self, peer_id: str, stages: Sequence[Stage]) -> list[str]:
         """The peers ``peer_id`` must dial for its pipeline (connection reversal): the head when the
         head cannot dial it (the head opens every stage's streams over that connection)."""
-        links = self.links() if self.links is not None else None
+        links = self.links(list(self.members)) if self.links is not None else None
         if links is None or not stages or stages[0].node_id == peer_id:
             return []
         d = links.dial(stages[0].node_id, peer_id)

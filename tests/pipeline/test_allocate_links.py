@@ -72,7 +72,8 @@ def stage_hello(mem: int, peer: str) -> Hello:
 
 def test_a_nat_stage_is_told_to_dial_its_head():
     links = {"now": links_from(["s1", "s2"])}  # s3 cannot be dialled
-    mgr = PipelineManager(group_size=2, max_tokens=8, settings=PipelineSettings(), links=lambda: links["now"])
+    mgr = PipelineManager(group_size=2, max_tokens=8, settings=PipelineSettings(),
+                          links=lambda members: links["now"])
     for p in ("s1", "s2", "s3"):
         mgr.join(p, stage_hello(300 * MB, p), now=0.0)
     (pipe,) = mgr.plan.pipelines
