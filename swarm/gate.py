@@ -154,6 +154,30 @@ async def refuse(stream: Any, text: str) -> None:
             await stream.reset()
         except Exception as e:
             log.debug("could not reset a refused stream: %s", e)
+        drop_unread(getattr(stream, "stream", stream))
+
+
+def drop_unread(stream: Any) -> int:
+    """Forget what a peer sent on a stream we reset and did not read: py-libp2p's yamux keeps a
+    reset stream's unread buffer (and keeps appending what still arrives, past the receive window)
+    for a 60 s grace, so a peer whose frames are refused unread could keep about its sending rate
+    times a minute in our memory. Returns the bytes dropped (0 where the stream is not yamux)."""
+    try:
+        muxed = stream.muxed_stream
+        conn, sid = muxed.conn, muxed.stream_id
+        buffers, streams, events = conn.stream_buffers, conn.streams, conn.stream_events
+    except AttributeError:
+        return 0
+    if not getattr(muxed, "closed", False):
+        return 0
+    buffer = buffers.pop(sid, None)
+    dropped = len(buffer) if buffer else 0
+    if streams.get(sid) is muxed:
+        streams.pop(sid, None)
+    event = events.pop(sid, None)
+    if event is not None:
+        event.set()  # a reader still waiting (none should be) sees the stream gone
+    return dropped
 
 
 class GatedStream:
@@ -182,7 +206,10 @@ class GatedStream:
         await self.stream.close()
 
     async def reset(self) -> None:
-        await self.stream.reset()
+        try:
+            await self.stream.reset()
+        finally:
+            drop_unread(self.stream)
 
     def charge_decoded(self, n: int) -> None:
         """A frame of this stream is about to decode into about ``n`` bytes of objects (called by

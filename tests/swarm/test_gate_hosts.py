@@ -246,3 +246,39 @@ def test_unknown_protocols_and_disabled_limits_still_work(tmp_path: Path) -> Non
             await cm.__aexit__(None, None, None)
 
     run(body)
+
+
+def _buffered(server, client_id: str) -> tuple[int, int]:
+    """(bytes buffered unread, streams tracked) on the server's yamux connections from ``client_id``."""
+    from libp2p.peer.id import ID
+
+    conns = server.libp2p_host.get_network().get_connections(ID.from_base58(client_id))
+    muxed = [c.muxed_conn for c in conns]
+    return sum(len(b) for m in muxed for b in m.stream_buffers.values()), sum(len(m.streams) for m in muxed)
+
+
+def test_a_refused_frames_unread_bytes_are_dropped_at_once(tmp_path: Path) -> None:
+    """py-libp2p keeps a reset stream's unread bytes for a minute; refused frames must not."""
+    import struct
+
+    async def body() -> None:
+        cm, server = await serve(tmp_path, HostConfig())
+        try:
+            async with open_host(tmp_path / "a") as a:
+                peer = await a.connect(server.addrs[0])
+                for _ in range(20):  # each announces 4 MiB on hello (budget ~1.1 MiB): refused unread
+                    stream = await a.open_stream(peer, HELLO)
+                    try:
+                        with trio.move_on_after(2):
+                            await stream.write(struct.pack(">IB", 4 << 20, 0) + os.urandom(200_000))
+                            await stream.read(10)
+                    except Exception:
+                        pass
+                await trio.sleep(1.0)
+                held, streams = _buffered(server, a.peer_id)
+                assert held == 0 and streams <= 1, (held, streams)
+                assert (await hello(a, peer)).accepted
+        finally:
+            await cm.__aexit__(None, None, None)
+
+    run(body)
