@@ -194,6 +194,9 @@ class VerifyQueue:
     def settle(self, item: PendingCheck, failure: tuple[str, str] | None) -> None:
         """The step's verdict on a deferred check: ``failure`` (group id, reason) untrusts the peer;
         otherwise its completions are credited."""
+        if self.on_checked is not None:  # the work ledger: checked by re-scoring, on the step's forward
+            for gid, _p, _r in item.picked:
+                self.on_checked(item.peer_id, "stats", failure is None or failure[0] != gid)
         if failure is not None:
             self.untrust(item.peer_id, f"unverified: group {failure[0]}: {failure[1]}")
         else:
