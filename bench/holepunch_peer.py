@@ -3,12 +3,13 @@
 
     python -m bench.holepunch_peer relay PORT               # prints ADDR <multiaddr>, serves a relay
     python -m bench.holepunch_peer listen PORT RELAY_ADDR   # reserves, prints CIRCUIT <multiaddr>
-    python -m bench.holepunch_peer punch RELAY_ADDR PEER N  # N attempts, one JSON line each
+    python -m bench.holepunch_peer join PORT PEER_ADDR      # connects, prints ADDR <multiaddr>
+    python -m bench.holepunch_peer punch RELAY_ADDR PEER N [TIMEOUT [TRIES]]  # N calls, one JSON line each
 
 ``punch`` opens a fresh host (new identity and port) for every attempt, so each one starts with
 no connection and no NAT mapping left over from the last; it opens a circuit to PEER through the
-relay, then :meth:`~swarm.nat.service.NatService.punch` (one DCUtR attempt, no retries: the
-benchmark counts first attempts). Every process runs until its stdin closes (or, for ``punch``,
+relay, then :meth:`~swarm.nat.service.NatService.punch` with TRIES attempts (default 1: the
+benchmark counts first attempts), each at most TIMEOUT seconds. Every process runs until its stdin closes (or, for ``punch``,
 until its attempts are done).
 """
 
@@ -25,17 +26,19 @@ async def _until_stdin_closes() -> None:
     await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
 
 
-async def serve(port: int, relay_addr: str | None) -> None:
+async def serve(port: int, relay_addr: str | None, join: bool = False) -> None:
     from swarm.host import open_host
     from swarm.nat.config import NatConfig
     from swarm.nat.service import NatService
 
     with tempfile.TemporaryDirectory(prefix="es-hp-") as tmp:
         async with open_host(tmp, listen_addr=f"/ip4/0.0.0.0/tcp/{port}") as host:
-            nat = NatService(host, NatConfig(serve_relay=relay_addr is None))
+            nat = NatService(host, NatConfig(serve_relay=relay_addr is None or join))
             async with trio.open_nursery() as nursery:
                 await nursery.start(nat.run)
-                if relay_addr is None:
+                if join:
+                    await host.connect(relay_addr)
+                if relay_addr is None or join:
                     print("ADDR", host.addrs[0], flush=True)
                 else:
                     print("CIRCUIT", await nat.reserve(relay_addr), flush=True)
@@ -43,13 +46,13 @@ async def serve(port: int, relay_addr: str | None) -> None:
                 nursery.cancel_scope.cancel()
 
 
-async def punch(relay_addr: str, peer: str, n: int, timeout_s: float) -> None:
+async def punch(relay_addr: str, peer: str, n: int, timeout_s: float, tries: int = 1) -> None:
     from swarm.host import open_host
     from swarm.nat.config import NatConfig
     from swarm.nat.service import NatService
 
     circuit = f"{relay_addr}/p2p-circuit/p2p/{peer}"
-    cfg = NatConfig(punch_attempts=1, punch_timeout_s=timeout_s)
+    cfg = NatConfig(punch_attempts=tries, punch_timeout_s=timeout_s)
     for i in range(n):
         with tempfile.TemporaryDirectory(prefix="es-hp-") as tmp:
             async with open_host(tmp, listen_addr="/ip4/0.0.0.0/tcp/0") as host:
@@ -74,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         trio.run(serve, int(args[1]), None)
     elif args[:1] == ["listen"] and len(args) == 3:
         trio.run(serve, int(args[1]), args[2])
-    elif args[:1] == ["punch"] and len(args) in (4, 5):
-        trio.run(punch, args[1], args[2], int(args[3]), float(args[4]) if len(args) == 5 else 20.0)
+    elif args[:1] == ["join"] and len(args) == 3:
+        trio.run(serve, int(args[1]), args[2], True)
+    elif args[:1] == ["punch"] and len(args) in (4, 5, 6):
+        trio.run(punch, args[1], args[2], int(args[3]), float(args[4]) if len(args) >= 5 else 20.0,
+                 int(args[5]) if len(args) == 6 else 1)
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -55,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_shortcuts(j, NodeConfig, JOIN_FLAGS)
     j.add_argument("--name", default="", help="name shown in status lines (default: the peer id's tail)")
     j.add_argument("-v", "--verbose", action="store_true")
+    d = sub.add_parser("doctor", help="what this machine's network lets a node do: NAT kind, dial-back, hole punch, "
+                                      "bandwidth, role (exit 0 relays, 1 leaf only, 2 could not check)")
+    d.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
+                   help="a swarm member to check against, best the learner (repeatable)")
+    d.add_argument("--listen", default="/ip4/0.0.0.0/tcp/0", metavar="MULTIADDR",
+                   help="the port to check (a node's --listen port, e.g. one you forwarded)")
+    d.add_argument("--timeout", type=float, default=10.0, help="seconds per network step")
+    d.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    d.add_argument("-v", "--verbose", action="store_true")
     return p
 
 
@@ -64,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    if args.command == "doctor":
+        from node_agents.doctor import main as doctor_main
+
+        if not args.verbose:
+            quiet_libp2p()
+        return doctor_main(args)
     try:
         cfg = NodeConfig(**shortcut_values(args, JOIN_FLAGS))
     except ConfigError as e:
@@ -105,7 +120,7 @@ def join(cfg, name: str = "") -> int:
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         pins = LearnerPins.in_dir(cfg.data_dir)  # the learner of each run this node has served
         async with open_host(cfg.data_dir, listen_addr=cfg.listen, announce=cfg.announce) as host, \
-                nat_running(host, NatConfig(serve_relay=cfg.relay)), \
+                nat_running(host, NatConfig(serve_relay=cfg.relay)) as nat, \
                 node_discovery(host, learner=cfg.learner, bootstrap=cfg.bootstrap, run=cfg.run, pins=pins,
                                say=lambda text: print(f"swarm-node: {text}", flush=True)) as net:
             print(f"swarm-node: listening on {host.peer_id} {' '.join(host.addrs)}", flush=True)

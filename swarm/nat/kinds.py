@@ -48,6 +48,14 @@ def parse_ip_tcp(addr: str) -> tuple[str, int] | None:
     return (parts[2], port) if 0 < port < 65536 else None
 
 
+def circuit_peer(addr: str) -> str | None:
+    """The peer a circuit address leads to (``<relay addr>/p2p/<relay>/p2p-circuit/p2p/<peer>``),
+    or None when ``addr`` is not one."""
+    _, sep, tail = addr.rpartition("/p2p-circuit/p2p/")
+    peer = tail.split("/", 1)[0] if sep else ""
+    return peer or None
+
+
 def classify_mapping(local_ips: list[str], local_port: int, observations: list[Observation]) -> NatVerdict:
     """The mapping kind from ``observations`` of one local port (``local_port``) by different
     observers (the first observation of each observer counts)."""

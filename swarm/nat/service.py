@@ -28,12 +28,15 @@ import trio
 from swarm.addrs import connection_remote_ip, is_loopback, split_peer_id
 from swarm.errors import PeerUnreachable, SwarmError
 from swarm.nat.config import NatConfig
-from swarm.nat.kinds import backoff_s
+from swarm.nat.kinds import backoff_s, circuit_peer
 from swarm.nat.records import ALREADY, FAILED, PUNCHED, PunchBook, PunchOutcome
 from swarm.proto.nat import (
     MAX_ADDRS,
+    NAT_BANDWIDTH,
     NAT_DIALBACK,
     NAT_OBSERVE,
+    BandwidthReply,
+    BandwidthRequest,
     DialBackReply,
     DialBackRequest,
     Observed,
@@ -50,6 +53,21 @@ def _conn_addrs(conn: Any) -> list[str]:
         return [str(a) for a in conn.get_transport_addresses()]
     except Exception:
         return []
+
+
+def _is_direct(conn: Any) -> bool:
+    """A connection that does not go through a relay. Its type (py-libp2p records it from the
+    raw connection up) decides: its transport addresses cannot, since a connection with none
+    recorded reports the peer's peerstore addresses instead, a relay's among them."""
+    try:
+        kind = conn.get_connection_type()
+    except Exception:
+        kind = None
+    value = getattr(kind, "value", kind)
+    if value in ("direct", "relayed"):
+        return value == "direct"
+    addrs = _conn_addrs(conn)
+    return bool(addrs) and not any(CIRCUIT in a for a in addrs)
 
 
 def _remote_ip_port(conn: Any) -> tuple[str, int] | None:
@@ -96,6 +114,7 @@ class NatService:
         self.host.set_handler(NAT_OBSERVE, ObserveRequest, self._on_observe)
         self.host.set_handler(NAT_DIALBACK, DialBackRequest, self._on_dialback,
                               timeout_s=self.config.relay_timeout_s + 10)
+        self.host.set_handler(NAT_BANDWIDTH, BandwidthRequest, self._on_bandwidth)
         async with background_trio_service(self._relay), background_trio_service(self._dcutr):
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -126,8 +145,8 @@ class NatService:
     async def connect_relayed(self, circuit_addr: str) -> str:
         """Open a connection to a peer through a relay (``<relay addr>/p2p-circuit/p2p/<peer>``);
         returns the peer id."""
-        _, peer = split_peer_id(circuit_addr)
-        if CIRCUIT not in circuit_addr or peer is None:
+        peer = circuit_peer(circuit_addr)
+        if peer is None:
             raise SwarmError(f"not a circuit address: {circuit_addr}")
         try:
             with trio.fail_after(self.config.relay_timeout_s):
@@ -150,13 +169,16 @@ class NatService:
     def direct_addr(self, peer_id: str) -> str | None:
         """The remote address of a direct (not relayed) connection to ``peer_id``, if any."""
         for c in self._conns(peer_id):
-            addrs = _conn_addrs(c)
-            if addrs and not any(CIRCUIT in a for a in addrs):
-                return addrs[0]
+            if _is_direct(c):
+                ipp = _remote_ip_port(c)
+                if ipp:
+                    return f"/{'ip6' if ':' in ipp[0] else 'ip4'}/{ipp[0]}/tcp/{ipp[1]}"
+                addrs = _conn_addrs(c)
+                return addrs[0] if addrs else "?"
         return None
 
     def relayed(self, peer_id: str) -> bool:
-        return any(any(CIRCUIT in a for a in _conn_addrs(c)) for c in self._conns(peer_id))
+        return any(not _is_direct(c) for c in self._conns(peer_id))
 
     # ------------------------------------------------------------------ hole punching
     async def punch(self, peer_id: str, circuit_addr: str | None = None) -> PunchOutcome:
@@ -207,10 +229,26 @@ class NatService:
         seen = []
         for c in self._conns(peer):
             ipp = _remote_ip_port(c)
-            if ipp and not any(CIRCUIT in a for a in _conn_addrs(c)):
+            if ipp and _is_direct(c):
                 family = "ip6" if ":" in ipp[0] else "ip4"
                 seen.append(f"/{family}/{ipp[0]}/tcp/{ipp[1]}")
-        return Observed(addrs=seen[:MAX_ADDRS], peers=self._other_peers(peer))
+        return Observed(addrs=seen[:MAX_ADDRS], peers=self._other_peers(peer), relayed=self._reserved_here(peer))
+
+    def _reserved_here(self, asker: str) -> list[str]:
+        """Circuit addresses through us of the peers holding a reservation at our relay."""
+        if not self.config.serve_relay:
+            return []
+        mine = self.host.advertised_addrs(for_peer=asker)
+        if not mine:
+            return []
+        out = []
+        for pid in list(self.host.libp2p_host.get_network().connections.keys()):
+            peer = pid.to_base58()
+            if peer != asker and self._relay.resource_manager.has_reservation(pid):
+                out.append(f"{mine[0]}{CIRCUIT}/p2p/{peer}")
+            if len(out) >= MAX_ADDRS:
+                break
+        return out
 
     def _other_peers(self, asker: str) -> list[str]:
         """Addresses of other peers we hold direct connections to (candidate observers)."""
@@ -243,7 +281,7 @@ class NatService:
         from swarm.addrs import host_ip, with_peer_id
         from swarm.discovery.reach import dial_back
 
-        ips = {connection_remote_ip(c) for c in self._conns(peer) if not any(CIRCUIT in a for a in _conn_addrs(c))}
+        ips = {connection_remote_ip(c) for c in self._conns(peer) if _is_direct(c)}
         ips.discard(None)
         if not ips:
             return DialBackReply(False, "", ["no direct connection from you to dial back along"])
@@ -255,6 +293,26 @@ class NatService:
         async with self._dialbacks:
             res = await dial_back(peer, cands, next(iter(ips)))
         return DialBackReply(res.reachable, res.addr or "", [e[:256] for e in res.errors][:MAX_ADDRS])
+
+    async def _on_bandwidth(self, req: BandwidthRequest, peer: str) -> BandwidthReply:
+        import os
+
+        return BandwidthReply(payload=os.urandom(req.want))  # random: zstd cannot shrink it
+
+    async def bandwidth(self, peer_id: str, nbytes: int = 1024 * 1024) -> tuple[float, float]:
+        """(upload, download) Mbit/s to a connected peer: ``nbytes`` each way, less the time of
+        an empty request (the round trip)."""
+        import os
+
+        async def timed(req: BandwidthRequest) -> float:
+            t0 = time.monotonic()
+            await self.host.request(peer_id, NAT_BANDWIDTH, req, BandwidthReply, timeout=120)
+            return time.monotonic() - t0
+
+        rtt = await timed(BandwidthRequest())
+        up = await timed(BandwidthRequest(payload=os.urandom(nbytes)))
+        down = await timed(BandwidthRequest(want=nbytes))
+        return tuple(nbytes * 8 / max(t - rtt, 1e-3) / 1e6 for t in (up, down))
 
     async def dial_from_listen_port(self, addr: str) -> str:
         """Dial ``addr`` (``.../p2p/<id>``) from our listening TCP port, as a hole punch does, so

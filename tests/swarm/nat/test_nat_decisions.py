@@ -13,6 +13,7 @@ from swarm.nat.kinds import (
     UNKNOWN,
     Observation,
     backoff_s,
+    circuit_peer,
     classify_mapping,
     doctor_role,
     parse_ip_tcp,
@@ -60,6 +61,12 @@ def test_parse_ip_tcp():
     assert parse_ip_tcp("/ip6/::1/tcp/80") == ("::1", 80)
     for bad in ("/ip4/1.2.3.4/udp/4001", "/ip4/1.2.3.4/tcp/x", "/ip4/1.2.3.4/tcp/0", "garbage", "/dns/a/tcp/1"):
         assert parse_ip_tcp(bad) is None
+
+
+def test_circuit_peer_is_the_last_peer_id():
+    assert circuit_peer("/ip4/1.2.3.4/tcp/1/p2p/RELAY/p2p-circuit/p2p/TARGET") == "TARGET"
+    assert circuit_peer("/ip4/1.2.3.4/tcp/1/p2p/RELAY") is None
+    assert circuit_peer("/ip4/1.2.3.4/tcp/1/p2p/RELAY/p2p-circuit/p2p/") is None
 
 
 def test_backoff_doubles_to_its_cap():
