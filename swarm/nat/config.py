@@ -38,10 +38,15 @@ class NatConfig:
     punch_timeout_s: float = 25.0
     #: At most this many dial-backs served at once (each opens a throwaway host).
     dialback_concurrency: int = 2
+    #: Dial-backs and bandwidth probes served to one peer per minute (each costs this host a
+    #: dial or up to 2 MiB of upload; more are refused with an error reply).
+    probes_per_min_peer: int = 6
+    #: The same for all peers together.
+    probes_per_min: int = 60
 
     def __post_init__(self) -> None:
         for name in ("relay_max_reservations", "relay_max_circuits", "relay_circuit_bytes", "relay_circuit_s",
-                     "punch_attempts", "dialback_concurrency"):
+                     "punch_attempts", "dialback_concurrency", "probes_per_min_peer", "probes_per_min"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"nat.{name} must be at least 1, got {getattr(self, name)}")
         for name in ("relay_timeout_s", "punch_timeout_s"):

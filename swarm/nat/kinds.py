@@ -79,6 +79,18 @@ def classify_mapping(local_ips: list[str], local_port: int, observations: list[O
                                  "cannot predict the port")
 
 
+def admit_probe(times: list[float], now: float, window_s: float, limit: int) -> bool:
+    """Whether one more costly check (a dial-back, a bandwidth probe) fits ``limit`` per
+    ``window_s`` seconds, given the times of the earlier ones (``times``, oldest first; trimmed
+    in place to the window, and ``now`` appended when admitted)."""
+    while times and times[0] <= now - window_s:
+        times.pop(0)
+    if len(times) >= limit:
+        return False
+    times.append(now)
+    return True
+
+
 def backoff_s(attempt: int, base_s: float, max_s: float) -> float:
     """Wait before attempt ``attempt`` (0-based): none before the first, then ``base_s``,
     doubling, at most ``max_s``."""

@@ -28,7 +28,7 @@ import trio
 from swarm.addrs import connection_remote_ip, is_loopback, split_peer_id
 from swarm.errors import PeerUnreachable, SwarmError
 from swarm.nat.config import NatConfig
-from swarm.nat.kinds import backoff_s, circuit_peer
+from swarm.nat.kinds import admit_probe, backoff_s, circuit_peer
 from swarm.nat.records import ALREADY, FAILED, PUNCHED, PunchBook, PunchOutcome
 from swarm.proto.nat import (
     MAX_ADDRS,
@@ -105,6 +105,7 @@ class NatService:
         self._transport = CircuitV2Transport(lh, self._relay, RelayConfig(roles=roles, limits=limits))
         self._dcutr = PunchingDCUtR(lh, dial_timeout=max(1, round(cfg.punch_timeout_s / 5)))
         self._dialbacks = trio.Semaphore(cfg.dialback_concurrency)
+        self._probes: dict[str, list[float]] = {}  # peer ("" = everyone) -> times of its costly checks
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ service
@@ -290,13 +291,27 @@ class NatService:
         if not cands:
             return DialBackReply(False, "", [f"none of your addresses is at {', '.join(sorted(ips))}, "
                                              "where your connection comes from"])
+        self._admit(peer, "dial-back")
         async with self._dialbacks:
             res = await dial_back(peer, cands, next(iter(ips)))
         return DialBackReply(res.reachable, res.addr or "", [e[:256] for e in res.errors][:MAX_ADDRS])
 
+    def _admit(self, peer: str, what: str) -> None:
+        """Raise (the asker gets an error reply) when ``peer`` or everyone asked too often."""
+        now, cfg = time.monotonic(), self.config
+        if len(self._probes) > 4096:  # forget the quiet peers
+            self._probes = {p: t for p, t in self._probes.items() if t and t[-1] > now - 60}
+        if not admit_probe(self._probes.setdefault("", []), now, 60.0, cfg.probes_per_min):
+            raise SwarmError(f"too many {what} requests from all peers; try again in a minute")
+        if not admit_probe(self._probes.setdefault(peer, []), now, 60.0, cfg.probes_per_min_peer):
+            log.info("nat: refused a %s to %s (over %d per minute)", what, peer[-8:], cfg.probes_per_min_peer)
+            raise SwarmError(f"too many {what} requests; at most {cfg.probes_per_min_peer} per minute")
+
     async def _on_bandwidth(self, req: BandwidthRequest, peer: str) -> BandwidthReply:
         import os
 
+        if req.want or req.payload:
+            self._admit(peer, "bandwidth")
         return BandwidthReply(payload=os.urandom(req.want))  # random: zstd cannot shrink it
 
     async def bandwidth(self, peer_id: str, nbytes: int = 1024 * 1024) -> tuple[float, float]:

@@ -12,6 +12,7 @@ from swarm.nat.kinds import (
     SYMMETRIC,
     UNKNOWN,
     Observation,
+    admit_probe,
     backoff_s,
     circuit_peer,
     classify_mapping,
@@ -105,3 +106,9 @@ def test_punch_book_keeps_the_latest_outcome_per_unordered_pair():
 def test_nat_config_refuses_nonsense(bad):
     with pytest.raises(ValueError):
         NatConfig(**bad)
+
+
+def test_admit_probe_keeps_a_sliding_window():
+    times: list[float] = []
+    assert [admit_probe(times, t, 60.0, 2) for t in (0.0, 1.0, 2.0)] == [True, True, False]
+    assert admit_probe(times, 60.5, 60.0, 2) and times == [1.0, 60.5]

@@ -43,6 +43,20 @@ def test_observe_dial_back_and_reserve(tmp_path):
         # b serves the relay: a reserves a slot and gets its circuit address
         circuit = await na.reserve(b.addrs[0])
         assert circuit == f"{b.addrs[0]}/p2p-circuit/p2p/{a.peer_id}"
+        # a peer asking too often is refused with a clear error, and the host goes on
+        from swarm.errors import RemoteError
+
+        up, down = await na.bandwidth(b.peer_id, 64 * 1024)
+        assert up > 0 and down > 0
+        for _ in range(3):  # the dial-backs above and these probes: over 6 per minute
+            try:
+                await na.bandwidth(b.peer_id, 1024)
+            except RemoteError as e:
+                assert "at most 6 per minute" in str(e)
+                break
+        else:
+            raise AssertionError("the probe budget never refused")
+        assert (await na.observe(b.peer_id)).addrs
         # a direct connection exists already: nothing to punch
         out = await na.punch(b.peer_id)
         assert out.ok and out.how == ALREADY and out.attempts == 0 and na.book.can_link(a.peer_id, b.peer_id)
