@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     lr.add_argument("--trial-timeout", type=float, default=300.0)
     lr.add_argument("--sets", type=Path, help="wait for this JSON file of named node sets")
     lr.add_argument("--punch-wait", type=float, default=300.0, help="longest wait (s) for hole-punch rounds")
+    lr.add_argument("--summary", type=Path, help="write the dissemination summary (dissem.json's) here at the end")
     for q in (n, lr):
         q.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -127,6 +128,8 @@ async def run_learner(args) -> None:
                     out.write(json.dumps(row) + "\n")
                     out.flush()
                     print(json.dumps(row), flush=True)
+            if args.summary:
+                args.summary.write_text(json.dumps(dissem.summary(), indent=1))
             nursery.cancel_scope.cancel()
 
 

@@ -32,7 +32,10 @@ KEEP_PUNCHES = 4096
 #: Dial outcomes kept (pairs).
 KEEP_DIALS = 4096
 #: Most peers a newly registered NAT'd node is asked to hole-punch with.
-MAX_PUNCH_PEERS = 8
+MAX_PUNCH_PEERS = 6
+#: Hole punches under way at once, swarm-wide: each goes through the learner's relay, and a punch
+#: that waits for a busy machine misses its window.
+PUNCH_CONCURRENCY = 4
 CIRCUIT = "/p2p-circuit"
 
 
@@ -48,6 +51,7 @@ class LearnerLinks:
         self.lan: set[frozenset[str]] = set()
         #: Pairs a punch round is trying now (another round does not try them again meanwhile).
         self._trying: set[frozenset[str]] = set()
+        self._punch_slots = trio.CapacityLimiter(PUNCH_CONCURRENCY)
         self._idle = trio.Event()
         self._idle.set()
         #: ``(a, b, succeeded, reason)`` of every hole punch reported, oldest first.
@@ -132,17 +136,23 @@ class LearnerLinks:
                 return
             pairs = {frozenset((peer, o)) for o in order}
             self._trying |= pairs
-            dials = [Dial(peer, o, PUNCH) for o in order]
-            counts = {"asked": len(dials), "connected": 0, "failed": 0}
+            counts = {"asked": len(order), "connected": 0, "failed": 0}
             try:
-                await self._ask(peer, dials, addrs, "hole punch round", counts)
+                async with trio.open_nursery() as nursery:
+                    for o in order:  # one pair per request, a few at a time swarm-wide
+                        nursery.start_soon(self._punch_one, peer, o, addrs, counts)
             finally:
                 self._trying -= pairs
-            log.info("links: %s punched %d of %d NAT'd peer(s)", peer[-6:], counts["connected"], len(dials))
+            log.info("links: %s connected to %d of %d NAT'd peer(s) (hole punch or same network)", peer[-6:],
+                     counts["connected"], len(order))
         finally:
             self.busy -= 1
             if self.busy == 0:
                 self._idle.set()
+
+    async def _punch_one(self, peer: str, other: str, addrs: Mapping[str, list[str]], counts: dict[str, int]) -> None:
+        async with self._punch_slots:
+            await self._ask(peer, [Dial(peer, other, PUNCH)], addrs, "hole punch round", counts)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no punch round is under way; False on timeout."""
