@@ -34,7 +34,7 @@ from swarm.dissem.codec import CodecError
 from swarm.dissem.manifest import LayerRange, ManifestError, decode_version, describe, layers_of, normalise_ranges
 from swarm.dissem.store import Assembly, VersionStore
 from swarm.pipeline.layers import slice_for_range
-from swarm.errors import SwarmError
+from swarm.errors import RemoteError, SwarmError
 from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
 from swarm.proto.dissem import DissemJoin, DissemJoinAck, HaveAck, HaveVersion, ManifestReply, ManifestRequest
 from swarm.wire import WireError
@@ -45,6 +45,8 @@ log = logging.getLogger("echo_swarm.node")
 KEEP_DECODED = 2
 #: Deadline (s) of the small control requests to the learner.
 CONTROL_TIMEOUT_S = 10.0
+#: Tries of a completion report (each under ``CONTROL_TIMEOUT_S``).
+REPORT_TRIES = 3
 
 
 class AdapterSync:
@@ -136,10 +138,16 @@ class AdapterSync:
                           layers_of(asm.layer_range))
         log.info("dissem: v%d (%s) complete (%d pushed, %d repaired, %d rejected chunks)",
                  asm.version, describe(asm.layer_range), asm.pushed, asm.repaired, asm.rejected)
-        try:
-            await self.host.request(self.learner_peer, DISSEM_HAVE, msg, HaveAck, timeout=CONTROL_TIMEOUT_S)
-        except (SwarmError, WireError) as e:
-            log.info("dissem: could not report v%d: %s", asm.version, e)
+        for attempt in range(1, REPORT_TRIES + 1):  # a busy learner answers late: the report is its delivery time
+            try:
+                await self.host.request(self.learner_peer, DISSEM_HAVE, msg, HaveAck, timeout=CONTROL_TIMEOUT_S)
+                return
+            except RemoteError as e:
+                log.info("dissem: the learner refused the report of v%d: %s", asm.version, e)
+                return
+            except (SwarmError, WireError) as e:
+                log.info("dissem: could not report v%d (try %d of %d): %s", asm.version, attempt, REPORT_TRIES, e)
+            await trio.sleep(1.0)
 
     async def _fetch_missing(self, version: int) -> Assembly | None:
         """Ask the learner for the manifest (of this node's range) and fetch the chunks from holders."""
