@@ -203,7 +203,8 @@ class LearnerDissem:
         rebuilt only when they changed."""
         members = [dataclasses.replace(m, upload_bps=self.rates.placement_bps(m.peer_id)) for m in members]
         key = (tuple(sorted((m.peer_id, m.upload_bps, m.reachable) for m in members)), self.cfg.mode,
-               self.cfg.fan_out, self.cfg.stripes, None if links is None else sorted(map(sorted, links.punched)))
+               self.cfg.fan_out, self.cfg.stripes,
+               None if links is None else (sorted(map(sorted, links.punched)), sorted(map(sorted, links.lan))))
         held = self._plans.get(layer_range)
         if held is None or held[0] != key:
             plan = build_plan(members, self.cfg.mode, self.cfg.fan_out, self.cfg.stripes, links=links)
