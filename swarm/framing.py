@@ -76,6 +76,9 @@ DECODE_THREADS = 2
 DECOMPRESS_STEP_BYTES = 1024 * 1024
 #: Most a compressed body may inflate, as a multiple of its size (honest msgpack: under 10).
 MAX_INFLATION = 256
+#: Largest zstd window a frame may ask the decoder to allocate (bytes). Our level-3 frames use
+#: 2 MiB at most; without a limit a crafted header asks for 128 MiB per decode.
+MAX_ZSTD_WINDOW = 8 * 1024 * 1024
 #: Slack for zstd's worst-case expansion of incompressible input (1 block header per 128 KiB).
 _ZSTD_SLACK = 1024
 
@@ -156,7 +159,7 @@ def _decompress(body: bytes, budget: Budget) -> bytes:
     parts: list[bytes] = []
     got = 0
     try:
-        reader = zstandard.ZstdDecompressor().stream_reader(body)
+        reader = zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW).stream_reader(body)
         while True:  # in steps, so memory follows the real output, not the budget
             part = reader.read(min(limit + 1 - got, DECOMPRESS_STEP_BYTES))
             if not part:

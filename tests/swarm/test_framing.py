@@ -379,3 +379,21 @@ def test_a_compressed_bomb_inflates_only_as_far_as_its_budget() -> None:
     for cls_budget in (budget_for(Hello), None):
         with pytest.raises((FrameTooLarge, BudgetExceeded)):
             decode_body(FLAG_ZSTD, bomb, budget=cls_budget)
+
+
+def test_a_zstd_header_asking_for_a_huge_window_is_refused_before_allocating_it():
+    import msgpack
+    import zstandard
+
+    from swarm.framing import FLAG_ZSTD, MAX_ZSTD_WINDOW, decode_body
+
+    raw = msgpack.packb({"a": b"z" * (40 << 20)})
+    params = zstandard.ZstdCompressionParameters(window_log=27, compression_level=3)
+    body = zstandard.ZstdCompressor(compression_params=params).compress(raw)
+    assert zstandard.get_frame_parameters(body).window_size > MAX_ZSTD_WINDOW
+    with pytest.raises(FrameError, match="too much memory"):
+        decode_body(FLAG_ZSTD, body, max_size=64 << 20)
+    data = os.urandom(3 << 20) * 3
+    honest = zstandard.ZstdCompressor(level=3).compress(msgpack.packb({"a": data}))  # our encoder: 2 MiB windows
+    assert zstandard.get_frame_parameters(honest).window_size <= MAX_ZSTD_WINDOW
+    assert decode_body(FLAG_ZSTD, honest, max_size=64 << 20)["a"] == data
