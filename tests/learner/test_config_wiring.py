@@ -47,6 +47,8 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
         "pipeline.usable_fraction=0.8", "pipeline.hop_s=0.01", "pipeline.min_gain=0.3", "pipeline.cooldown_s=7.0",
         "limits.requests_per_min_peer=999.0", "limits.streams_per_block=77",
         "nat.relay_max_circuits=3", "nat.relay_circuit_bytes=12345",
+        "replay.budget_s_per_step=12.5", "replay.contexts=3", "replay.max_threads=9",
+        'report.to=["tensorboard"]',
     ])
     default = LearnerConfig()
     tasks_made = []
@@ -135,6 +137,13 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
     checked.add("nat")
     relay = seen["nat"]._relay  # the live circuit relay v2 service the learner runs
     assert relay.allow_hop and (relay.limits.max_circuit_conns, relay.limits.data) == (3, 12345)
+
+    checked.add("replay")
+    rp = svc.checks.replay  # the learner's llama.cpp replayer, in the verify queue (learner/replay.py)
+    assert (rp.cfg.contexts, rp.cfg.max_threads, rp.budget.budget_s_per_step, rp.budget.first_groups) == (3, 9, 12.5, 3)
+
+    checked.add("report")  # TensorBoard's event file is opened in the run dir when the metrics writer starts
+    assert list((tmp_path / "run").glob("events.out.tfevents.*"))
 
     # every section of the config is checked above, and every checked value differs from its default
     assert checked == {f.name for f in dataclasses.fields(LearnerConfig)}
