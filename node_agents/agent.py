@@ -61,10 +61,14 @@ class ModelRefused(Exception):
 class NodeAgent:
     """One device serving the learner: join, lease loop, adapter installs, pushes.
 
-    ``net``: DHT membership and learner lookup; None dials ``cfg.learner`` directly."""
+    ``net``: DHT membership and learner lookup; None dials ``cfg.learner`` directly. ``nat``: the
+    host's :class:`swarm.nat.service.NatService` (relay slots and hole punches the learner asks for,
+    ``node_agents/links.py``); None: plain dials only."""
 
-    def __init__(self, cfg: NodeConfig, backend: Backend, name: str = "node", net: NodeDiscovery | None = None):
+    def __init__(self, cfg: NodeConfig, backend: Backend, name: str = "node", net: NodeDiscovery | None = None,
+                 nat=None):
         self.cfg = cfg
+        self.nat = nat
         self.backend = backend
         self.name = name
         #: (run id, version) of the adapter installed in the backend.
@@ -173,7 +177,7 @@ class NodeAgent:
     async def _start_sync(self, host, peer: str) -> None:
         """Serve the dissemination protocols and register with the learner's push tree."""
         if self.sync is None or self.sync.learner_peer != peer:
-            self.sync = AdapterSync(host, peer, upload_bps=self.cfg.upload_mbps * 125_000)
+            self.sync = AdapterSync(host, peer, upload_bps=self.cfg.upload_mbps * 125_000, nat=self.nat)
         await self.sync.join(self.run_id)
 
     async def _ensure_adapter(self, host, peer: str, version: int) -> None:

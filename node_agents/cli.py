@@ -128,7 +128,7 @@ def join(cfg, name: str = "") -> int:
             prepared = await _prepare(host, cfg, net)
             stage = await trio.to_thread.run_sync(_stage_join, cfg, prepared.path, hw)
             if stage is not None:  # a pipeline stage node: no whole model is loaded
-                agent = stage_agent(cfg, stage, name or host.peer_id[-6:], net)
+                agent = stage_agent(cfg, stage, name or host.peer_id[-6:], net, nat)
                 agent.say(f"peer {host.peer_id}: stage node ({stage[2].backend}, cap "
                           f"{stage[2].memory_bytes / 1e6:.0f} MB, est. {stage[2].tokens_per_s:.0f} tok/s); "
                           f"waiting for a layer range")
@@ -136,7 +136,7 @@ def join(cfg, name: str = "") -> int:
                 return
             backend = await _load_backend(host, cfg, hw.kind, net, prepared)
             try:
-                agent = NodeAgent(cfg, backend, name or host.peer_id[-6:], net)
+                agent = NodeAgent(cfg, backend, name or host.peer_id[-6:], net, nat)
                 agent.say(f"peer {host.peer_id} backend {cfg.backend} ({backend.capabilities().device})")
                 await agent.run(host)
             finally:
@@ -252,11 +252,11 @@ def _stage_join(cfg, model, hw):
     return model_dir, spec, stage_capabilities(cfg.backend, spec, cap, estimate_tokens_per_s(spec, width), hw)
 
 
-def stage_agent(cfg, stage, name, net=None):
+def stage_agent(cfg, stage, name, net=None, nat=None):
     from node_agents.stage_agent import StageAgent
 
     model_dir, spec, caps = stage
-    return StageAgent(cfg, model_dir, spec, caps, name, net)
+    return StageAgent(cfg, model_dir, spec, caps, name, net, nat)
 
 
 def check_join_args(cfg) -> str | None:

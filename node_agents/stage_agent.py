@@ -116,8 +116,8 @@ class _NoLayers:
 
 class StageAgent(NodeAgent):
     def __init__(self, cfg, model_dir: Path, spec: ModelSpec, caps: Capabilities, name: str = "stage",
-                 net: NodeDiscovery | None = None):
-        super().__init__(cfg, _StageCaps(caps), name, net)
+                 net: NodeDiscovery | None = None, nat=None):
+        super().__init__(cfg, _StageCaps(caps), name, net, nat)
         self.model_dir = Path(model_dir)
         self.spec = spec
         self.stage = None  # the executor of the assigned range
