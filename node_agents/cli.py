@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a swarm member to check against, best the learner (repeatable)")
     d.add_argument("--listen", default="/ip4/0.0.0.0/tcp/0", metavar="MULTIADDR",
                    help="the port to check (a node's --listen port, e.g. one you forwarded)")
+    d.add_argument("--announce", action="append", default=[], metavar="MULTIADDR",
+                   help="an address you forwarded to --listen's port, e.g. /ip4/198.51.100.7/tcp/4002 (repeatable)")
     d.add_argument("--timeout", type=float, default=10.0, help="seconds per network step")
     d.add_argument("--json", action="store_true", help="print the report as one JSON object")
     d.add_argument("-v", "--verbose", action="store_true")

@@ -12,7 +12,8 @@ bootstrap peer (best: the learner, which serves the checks, ``swarm.nat``):
    relay (if there is one);
 4. measures upload and download to the bootstrap (1 MiB each way);
 5. says the role a node here would take: an *interior relay* (relays adapter chunks, serves
-   model chunks, can be any pipeline stage) or a *leaf* (only fed), and why.
+   model chunks, can be any pipeline stage) or a *leaf* (only fed; as a stage it follows only a
+   stage it can dial), and why.
 
 Exit status: 0 a node here relays and serves, 1 it would be a leaf only, 2 the checks could not
 run (no bootstrap reachable). ``--json`` prints the report as one JSON object instead.
@@ -85,12 +86,13 @@ def render(r: DoctorReport) -> str:
     for p in r.problems:
         lines.append(f"  problem: {p}")
     role = r.role
-    stage = "can" if role.stage else "cannot"
-    lines.append(f"  role: {role.role.upper()}: {role.why}; it {stage} be a pipeline stage that others reach")
+    stage = ("it can be a pipeline stage anywhere in a pipeline" if role.stage else
+             "as a pipeline stage it can only follow a stage it can dial (it opens the connection itself)")
+    lines.append(f"  role: {role.role.upper()}: {role.why}" + (f"; {stage}" if role.exit_code < 2 else ""))
     return "\n".join(lines)
 
 
-async def diagnose(bootstrap: list[str], listen: str, timeout_s: float) -> DoctorReport:
+async def diagnose(bootstrap: list[str], listen: str, timeout_s: float, announce: list[str] = ()) -> DoctorReport:
     from swarm.host import HostConfig, open_host
     from swarm.nat.config import NatConfig
     from swarm.nat.service import nat_running
@@ -107,7 +109,7 @@ async def diagnose(bootstrap: list[str], listen: str, timeout_s: float) -> Docto
             await _more_observers(nat, [a for a in bootstrap if split_peer_id(a)[1] != boot] + first.peers,
                                   timeout_s, rep)
             rep.verdict = classify_mapping(interface_ips(), rep.listen_port, rep.observations)
-            await _dial_back(nat, host, boot, rep)
+            await _dial_back(nat, host, boot, rep, list(announce))
             if not rep.dialable:
                 await _punch(nat, host.peer_id, first.relayed, rep)
             else:
@@ -154,9 +156,15 @@ async def _more_observers(nat, candidates: list[str], timeout_s: float, rep: Doc
             continue  # a peer we cannot dial (behind NAT itself) or that does not serve the check
 
 
-async def _dial_back(nat, host, boot: str, rep: DoctorReport) -> None:
-    mine = [split_peer_id(a)[0] for a in host.addrs]
-    mine += [f"/{'ip6' if ':' in o.ip else 'ip4'}/{o.ip}/tcp/{o.port}" for o in rep.observations]
+async def _dial_back(nat, host, boot: str, rep: DoctorReport, announce: list[str]) -> None:
+    """Asks the bootstrap to dial: the announced addresses, our own, each address peers saw us
+    at, and each seen IP at our listening port (a port forwarded to the same number)."""
+    def tcp(ip: str, port: int) -> str:
+        return f"/{'ip6' if ':' in ip else 'ip4'}/{ip}/tcp/{port}"
+
+    mine = [split_peer_id(a)[0] for a in [*announce, *host.addrs]]
+    mine += [tcp(o.ip, rep.listen_port) for o in rep.observations]
+    mine += [tcp(o.ip, o.port) for o in rep.observations]
     addrs = list(dict.fromkeys(with_peer_id(a, host.peer_id) for a in mine))
     try:
         got = await nat.dial_back(boot, addrs)
@@ -186,6 +194,6 @@ def main(args) -> int:
     if not args.bootstrap:
         print("swarm-node doctor: give --bootstrap MULTIADDR (best: the learner's address)", file=sys.stderr)
         return 2
-    rep = trio.run(diagnose, list(args.bootstrap), args.listen, float(args.timeout))
+    rep = trio.run(diagnose, list(args.bootstrap), args.listen, float(args.timeout), list(args.announce))
     print(json.dumps(rep.to_json()) if args.json else render(rep), flush=True)
     return rep.role.exit_code

@@ -115,12 +115,11 @@ def doctor_role(kind: str, dialable: bool | None, punched: bool | None) -> Docto
     """The role a node takes from its NAT kind, the dial-back (None: not tried) and a hole
     punch with a NAT'd peer (None: not tried)."""
     if dialable:
-        return DoctorRole("interior relay", True, "other peers can dial this machine: it can relay adapter chunks, "
-                          "serve model chunks and be any pipeline stage", 0)
+        return DoctorRole("interior relay", True, "other peers can dial this machine: it can relay adapter chunks "
+                          "and serve model chunks", 0)
     if punched:
         return DoctorRole("interior relay", True, "behind NAT, but a hole punch worked: it relays to peers it "
-                          "punches through to and is reached by dialable peers through connection reversal; it "
-                          "can be a pipeline stage", 0)
+                          "punches through to and is reached by dialable peers through connection reversal", 0)
     if kind == UNKNOWN and dialable is None:
         return DoctorRole("unknown", False, "the checks could not run: is the bootstrap address right?", 2)
     if kind == SYMMETRIC:
