@@ -131,6 +131,11 @@ def test_router_kinds_map_as_named(netns_hosts):
     assert srv.communicate(timeout=10)[0].split()[0] == tb.ip(2)
     for i in (3, 5):
         assert send(tb, 0, tb.public_ip(i), 5006).returncode != 0
+    # a port forwarded on a shared router reaches the one host it names
+    tb.forward_port(5, 5007)
+    srv = serve(tb, 5, 5007)
+    assert send(tb, 0, tb.public_ip(5), 5007).returncode == 0
+    assert srv.communicate(timeout=10)[0].split()[0] == tb.ip(0)
 
 
 def test_router_spec_checks_its_kind():
