@@ -71,3 +71,48 @@ def test_a_punch_without_any_connection_fails_cleanly(tmp_path):
         assert na.book.latest(b.peer_id, a.peer_id) == out
 
     trio.run(run(test), tmp_path)
+
+
+def test_the_relay_cuts_a_circuit_at_its_byte_cap(tmp_path):
+    """A circuit is for signalling: past ``relay_circuit_bytes`` the relay closes it."""
+    cap = 512 * 1024
+
+    async def main():
+        async with open_host(tmp_path / "r", listen_addr=LISTEN) as r, \
+                open_host(tmp_path / "b", listen_addr=LISTEN) as b, open_host(tmp_path / "c", listen_addr=LISTEN) as c:
+            nr = NatService(r, NatConfig(serve_relay=True, relay_circuit_bytes=cap))
+            nb, nc = NatService(b), NatService(c)
+            got = []
+
+            async def sink(stream, peer):
+                try:
+                    while True:
+                        data = await stream.read(65536)
+                        if not data:
+                            break
+                        got.append(len(data))
+                except Exception:
+                    pass
+
+            b.set_stream_handler("/echo-swarm/test-sink/1.0.0", sink)
+            async with trio.open_nursery() as nursery:
+                for n in (nr, nb, nc):
+                    await nursery.start(n.run)
+                with trio.fail_after(60):
+                    await nc.connect_relayed(await nb.reserve(r.addrs[0]))
+                    assert nc.relayed(b.peer_id) and nc.direct_addr(b.peer_id) is None
+                    sent = 0
+                    with trio.move_on_after(20):
+                        try:
+                            stream = await c.open_stream(b.peer_id, "/echo-swarm/test-sink/1.0.0")
+                            for _ in range(64):  # 4 MiB in all, far past the cap
+                                await stream.write(b"x" * 65536)
+                                sent += 65536
+                        except Exception:
+                            pass
+                    await trio.sleep(1.0)
+                # data flowed, then the circuit closed near the cap (the handshakes count too)
+                assert 0 < sum(got) <= cap and sent <= cap + 65536, (sum(got), sent)
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
