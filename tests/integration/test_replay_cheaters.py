@@ -7,6 +7,7 @@ count. The work ledger records which test verified or failed each node's groups.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +37,10 @@ def spawn(addr: str, tmp: Path, name: str, mode: str | None, threads: int) -> su
     if mode is not None:  # the same command line through the cheating wrapper
         cmd = [sys.executable, str(CHEAT), mode] + cmd[3:]
     log = open(tmp / f"{name}.log", "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    # ggml's OpenMP threads sleep instead of spinning at barriers: a 2-thread node on a loaded
+    # 2-core machine is 2.5x faster so (same tokens: the split of the work is what counts)
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
 
 def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[tuple[str, str | None, int]], seconds: float) -> dict:
@@ -88,6 +92,7 @@ def check_caught(out: dict, cheats: list[str], honest: list[str]) -> None:
           "ledger:", {n: (work[p]["verified"], work[p]["failed"]) for n, p in peer_of.items()})
 
 
+@pytest.mark.timeout(1200)
 def test_three_inserted_tokens_are_caught_by_the_replay_at_the_first_group(tmp_path):
     """A node that inserts 3 tokens into one completion of its group (true log-probs of the new
     text): the statistical test cannot see it; the replay catches it at its first group."""
@@ -100,15 +105,30 @@ def test_three_inserted_tokens_are_caught_by_the_replay_at_the_first_group(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_greedy_off_adapter_and_inserted_tokens_are_caught_and_honest_threads_never_flagged(tmp_path):
     """Three cheaters (greedy text; the lease's adapter with LoRA B + N(0, 0.02); 3 inserted
     tokens) beside honest nodes at 1 and 2 threads (the learner replays with 1): each cheater is
     untrusted at its first replayed group by the replay; the honest ones pass every replay over
-    three steps."""
+    two steps."""
     cheats = ["greedy", "adapter_off", "insert3"]
-    cfg = config("train.steps=3", "train.prompts_per_step=5", "train.group_size=4", "train.max_tokens=32",
+    cfg = config("train.steps=2", "train.prompts_per_step=5", "train.group_size=4", "train.max_tokens=32",
                  "sync.min_waiting_nodes=5")
     nodes = [(m, m, 1) for m in cheats] + [("honest1", None, 1), ("honest2", None, 2)]
-    out = run(tmp_path, cfg, nodes, seconds=3000)
-    assert [r["step"] for r in out["rows"]] == [1, 2, 3]
+    out = run(tmp_path, cfg, nodes, seconds=3400)
+    assert [r["step"] for r in out["rows"]] == [1, 2]
     check_caught(out, cheats, ["honest1", "honest2"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_honest_nodes_at_1_and_2_threads_pass_every_replay_over_default_steps(tmp_path):
+    """Two honest nodes at 1 and 2 threads over steps of the default config (8 prompts of 8
+    completions, 64 tokens): every replay of their groups is identical; prints how many groups
+    were replayed per node."""
+    cfg = load_config(LearnerConfig, None, ['network.listen="/ip4/127.0.0.1/tcp/0"', "train.steps=4",
+                                            "train.checkpoint_every=0", "sync.min_waiting_nodes=2"])
+    out = run(tmp_path, cfg, [("honest1", None, 1), ("honest2", None, 2)], seconds=3500)
+    assert [r["step"] for r in out["rows"]] == [1, 2, 3, 4]
+    check_caught(out, [], ["honest1", "honest2"])
+    assert sum(r.get("replay_groups", 0) for r in out["rows"]) >= 4
