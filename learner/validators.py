@@ -28,13 +28,14 @@ VALIDATED_BACKENDS = ("torch", "mlx")
 def device_class(backend: str, device: str, extra: dict) -> str | None:
     """The class two nodes must share to replay each other exactly, or ``None`` when the node is
     not one validators serve (llama.cpp CPU: the learner replays it; unknown backends) or does
-    not declare its build and precision (``extra["build"]``, ``extra["dtype"]``)."""
+    not declare its build, precision and group layout (``extra["build"]``, ``extra["dtype"]``,
+    ``extra["max_group"]``, as the torch and MLX backends' capabilities do)."""
     if backend not in VALIDATED_BACKENDS or not isinstance(extra, dict):
         return None
-    build, dtype = str(extra.get("build", "")), str(extra.get("dtype", ""))
-    if not build or not dtype or not device:
+    build, dtype, group = (str(extra.get(k, "")) for k in ("build", "dtype", "max_group"))
+    if not build or not dtype or not device or not group.isdigit():
         return None
-    return "|".join(s[:256] for s in (backend, build, device, dtype))
+    return "|".join(s[:256] for s in (backend, build, device, dtype, group))
 
 
 def pick_validator(classes: dict[str, str | None], producer: str, excluded: set[str], rng: random.Random) -> str | None:

@@ -73,7 +73,8 @@ class MlxBackend:
             backend=self.name, device=device, memory_bytes=int(hw.ram_bytes),
             tokens_per_s=float(self.measured_tokens_per_s),
             extra={**hw.extra(), "model": self.model_dir.name, "mlx_device": str(self._mx.default_device()),
-                   "dtype": str(self._config.get("dtype", "")), "max_group": str(self.max_group)},
+                   "dtype": str(self._config.get("dtype", "")), "max_group": str(self.max_group),
+                   "build": f"mlx {getattr(self._mx, '__version__', '?')}"},
         )
 
     @property

@@ -50,6 +50,14 @@ def pick_device_dtype(cuda_available: bool, bf16_supported: bool, device: str | 
     return dev, dtype
 
 
+
+def torch_build() -> str:
+    """torch's release and the CUDA it was built with: part of a node's class for validators
+    (``learner/validators.py``: only nodes of the same class can replay each other exactly)."""
+    import torch
+
+    return f"torch {torch.__version__} cuda {torch.version.cuda or 'none'}"
+
 class TorchBackend:
     """``Backend`` on transformers + peft. ``model_dir`` is an HF model directory.
 
@@ -100,7 +108,7 @@ class TorchBackend:
             backend=self.name, device=device, memory_bytes=int(memory),
             tokens_per_s=float(self.measured_tokens_per_s),
             extra={**hw.extra(), "model": self.model_dir.name, "torch_device": self.device,
-                   "dtype": self.dtype, "max_group": str(self.max_group)},
+                   "dtype": self.dtype, "max_group": str(self.max_group), "build": torch_build()},
         )
 
     @property

@@ -9,12 +9,14 @@ import pytest
 
 from learner.validators import blind_request, device_class, pick_validator, referee
 
-EXTRA = {"build": "torch 2.13.0+cu124", "dtype": "bfloat16"}
+EXTRA = {"build": "torch 2.13.0 cuda 12.4", "dtype": "bfloat16", "max_group": "8"}
 
 
 def test_device_class_needs_a_validated_backend_a_build_and_a_precision():
-    assert device_class("torch", "NVIDIA RTX 4090", EXTRA) == "torch|torch 2.13.0+cu124|NVIDIA RTX 4090|bfloat16"
-    assert device_class("mlx", "Apple M2", {"build": "mlx 0.25", "dtype": "float16"}) is not None
+    assert device_class("torch", "NVIDIA RTX 4090", EXTRA) == "torch|torch 2.13.0 cuda 12.4|NVIDIA RTX 4090|bfloat16|8"
+    assert device_class("mlx", "Apple M2", {"build": "mlx 0.25", "dtype": "float16", "max_group": "8"}) is not None
+    assert device_class("torch", "NVIDIA RTX 4090", {**EXTRA, "max_group": "4"}) != device_class("torch", "NVIDIA RTX 4090", EXTRA)
+    assert device_class("torch", "NVIDIA RTX 4090", {**EXTRA, "max_group": "x"}) is None
     assert device_class("llamacpp", "cpu (2 cores)", EXTRA) is None  # the learner replays those itself
     assert device_class("torch", "NVIDIA RTX 4090", {"dtype": "bfloat16"}) is None
     assert device_class("torch", "", EXTRA) is None
