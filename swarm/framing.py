@@ -31,6 +31,9 @@ Safety on the receiving side (a peer is never trusted):
   :data:`INLINE_DECODE_BYTES`) is decompressed, scanned and decoded in a worker thread, at most
   :data:`DECODE_THREADS` at once in the process and one at a time per peer, so neither a big
   honest frame nor a peer's bombs stall the event loop or take every decode slot;
+- on an incoming stream (one a host's gate admitted), a body above :data:`INLINE_DECODE_BYTES`
+  waits, before it is read, until its bytes fit the process's and its peer's in-flight budgets
+  (:mod:`swarm.inflight`), and holds them until it is decoded;
 - the whole read of a frame runs under one ``trio.fail_after`` deadline, so a peer that
   freezes (or drips one byte at a time) cannot hold a stream forever.
 
@@ -50,6 +53,7 @@ import zstandard
 
 from swarm.budget import GENERIC, Budget, scan, scan_prefix
 from swarm.errors import EndOfStream, FrameError, FrameTooLarge, SwarmTimeout, TruncatedFrame
+from swarm.inflight import inflight
 
 #: ``>IB``: 4-byte big-endian body length, then 1 flags byte.
 HEADER = struct.Struct(">IB")
@@ -319,23 +323,33 @@ async def read_frame(
     Decoding runs after the deadline's scope: it is bounded by the budget, not by the peer.
     """
     b = frame_budget(budget, max_size)
-    try:
-        with trio.fail_after(timeout):
-            header = await _read_exactly(stream, HEADER_SIZE, started=False)
-            length, flags = parse_header(header, max_size=max_size)
-            if length > body_limit(flags, b):
-                raise FrameTooLarge(f"announced frame of {length} bytes exceeds its budget of {b.max_bytes}")
-            body = await _read_exactly(stream, length, started=True) if length else b""
-    except trio.TooSlowError as e:
-        if isinstance(e, SwarmTimeout):
-            raise
-        raise SwarmTimeout(f"no complete frame within {timeout} s") from e
-    inflated = b.max_bytes if flags & FLAG_ZSTD else length
-    # an incoming stream admitted by a host's gate charges decoded memory to the peer (swarm.gate)
+    # an incoming stream admitted by a host's gate charges decoded memory to the peer (swarm.gate),
+    # and holds its body's bytes in the run's in-flight budget while reading and decoding it
     on_scan = getattr(stream, "charge_decoded", None)
-    if inflated <= INLINE_DECODE_BYTES:
-        return decode_body(flags, body, max_size=max_size, budget=b, on_scan=on_scan)
-    return await _decode_off_loop(stream, flags, body, max_size, b, on_scan)
+    pool, peer, held = None, "?", 0
+    try:
+        try:
+            with trio.fail_after(timeout):
+                header = await _read_exactly(stream, HEADER_SIZE, started=False)
+                length, flags = parse_header(header, max_size=max_size)
+                if length > body_limit(flags, b):
+                    raise FrameTooLarge(f"announced frame of {length} bytes exceeds its budget of {b.max_bytes}")
+                if on_scan is not None and length > INLINE_DECODE_BYTES:
+                    pool, peer = inflight(), _peer_of(stream) or "?"
+                    await pool.acquire(peer, length)
+                    held = length
+                body = await _read_exactly(stream, length, started=True) if length else b""
+        except trio.TooSlowError as e:
+            if isinstance(e, SwarmTimeout):
+                raise
+            raise SwarmTimeout(f"no complete frame within {timeout} s") from e
+        inflated = b.max_bytes if flags & FLAG_ZSTD else length
+        if inflated <= INLINE_DECODE_BYTES:
+            return decode_body(flags, body, max_size=max_size, budget=b, on_scan=on_scan)
+        return await _decode_off_loop(stream, flags, body, max_size, b, on_scan)
+    finally:
+        if held:
+            pool.release(peer, held)
 
 
 async def write_frame(
