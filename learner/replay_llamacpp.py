@@ -21,6 +21,9 @@ from swarm.proto.work import group_seed
 
 log = logging.getLogger("echo_swarm.learner")
 
+#: Most chosen groups whose declared numerics are kept until their check (about the groups in flight).
+MAX_CHOSEN = 10_000
+
 
 class LlamaCppReplay:
     """Chooses, runs and judges replays of llama.cpp CPU nodes' groups.
@@ -42,6 +45,10 @@ class LlamaCppReplay:
         self.gguf_sha256 = gguf_sha256
         self.budget = ReplayBudget(cfg.budget_s_per_step, first_groups)
         self._contexts: OrderedDict[tuple, Any] = OrderedDict()
+        #: The numerics a peer declared when each chosen group was picked (group id -> Numerics):
+        #: a node that says hello again with other settings before the check is replayed as it
+        #: was when it made the group. Bounded by :data:`MAX_CHOSEN` (oldest dropped).
+        self._chosen: OrderedDict[str, Numerics] = OrderedDict()
         #: Figures since the last :meth:`take_metrics`, and per-run totals.
         self.groups = self.failed = 0
         self.spent_s = 0.0
@@ -62,10 +69,15 @@ class LlamaCppReplay:
         budget allows it."""
         if any(c.mask for c in result.completions):
             return False  # multi-turn: environment tokens are not the model's to replay
-        if not replayable(self.numerics_of(peer_id), self.build, self.gguf_sha256, self.cfg.max_kv_cells,
-                          self.cfg.max_threads):
+        declared = self.numerics_of(peer_id)
+        if not replayable(declared, self.build, self.gguf_sha256, self.cfg.max_kv_cells, self.cfg.max_threads):
             return False
-        return self.budget.allow(peer_id)
+        if not self.budget.allow(peer_id):
+            return False
+        self._chosen[result.group_id] = declared
+        while len(self._chosen) > MAX_CHOSEN:
+            self._chosen.popitem(last=False)
+        return True
 
     def _context(self, n: Numerics):
         from node_agents.backends.llamacpp import LlamaCppBackend
@@ -101,8 +113,8 @@ class LlamaCppReplay:
         out = []
         for peer, gid, prompt, result in items:
             t0 = time.perf_counter()
-            n = self.numerics_of(peer)
-            if n is None:  # the peer left (untrusted meanwhile): nothing to replay against
+            n = self._chosen.pop(gid, None) or self.numerics_of(peer)
+            if n is None:  # not chosen here and the peer is gone: nothing to replay against
                 out.append(None)
                 continue
             got = self.replay(n, gid, prompt, len(result.completions), result.version)

@@ -156,3 +156,26 @@ def test_the_report_and_the_dashboard_show_each_nodes_checked_work(tmp_path):
                               nodes={"honest-peer-aaaaaa": node}, ledger=led, dissem=None)
     (row,) = nodes_view(service, now=1.0)
     assert row["verified"] == "replay 3, stats 1" and row["trained_groups"] == 4 and row["failed_checks"] == ""
+
+
+def test_a_chosen_group_is_replayed_with_the_numerics_declared_when_it_was_picked():
+    """A node that says hello again with other settings before its check is replayed as it was."""
+    from types import SimpleNamespace
+
+    from learner.replay_llamacpp import LlamaCppReplay
+    from learner.work_desk import SamplingDefaults
+
+    declared = {"p": numerics_of("llamacpp", EXTRA)}
+    replay = LlamaCppReplay(ReplayConfig(), "unused.gguf", SamplingDefaults(1.0, 1.0, 8, 0),
+                            numerics_of=declared.get, adapter_of=lambda v: None, first_groups=2,
+                            build=EXTRA["llama_build"], gguf_sha256=SHA)
+    result = SimpleNamespace(group_id="g1", version=0, completions=[SimpleNamespace(token_ids=[1], logprobs=[-1.0], mask=[])])
+    assert replay.choose("p", result)
+    multi = SimpleNamespace(group_id="g2", version=0, completions=[SimpleNamespace(token_ids=[1], logprobs=[0.0], mask=[1])])
+    assert not replay.choose("p", multi)  # multi-turn: not the model's alone to replay
+    assert not replay.choose("stranger", result)
+    declared["p"] = numerics_of("llamacpp", {**EXTRA, "n_threads": "4"})  # a new hello
+    seen = []
+    replay.replay = lambda n, gid, prompt, size, version: seen.append(n.n_threads) or [([1], [-1.0])]
+    assert replay.check_groups([("p", "g1", [1, 2], result)]) == [None]
+    assert seen == [2]  # as declared when picked, not as now
