@@ -154,7 +154,7 @@ def link_figures(dissem, members: list[str], version: int) -> dict:
     node in ``version`` (by the nodes' reports) and how many are leaves by their role."""
     from swarm.discovery.links import relay_role
 
-    nat = [p for p in members if not dissem.members[p].reachable]
+    nat = [p for p in members if p in dissem.members and not dissem.members[p].reachable]
     senders = {s for r in dissem.have.get(version, {}).values() for s, n in r.sources.items() if n > 0}
     links = dissem.link_snapshot()
     leaves = [p for p in nat if links is None or not relay_role(links, p).relay]
@@ -185,7 +185,9 @@ async def one_trial(dissem, order, version, trial, timeout, LoraAdapter, DissemC
         **trial, "version": version, "ok": ok, "nodes_done": len(done), "encode_s": round(encode_s, 3),
         "params": sum(t.size for t in tensors.values()), "wire_bytes": asm.manifest.total_bytes,
         "raw_bytes": asm.manifest.raw_bytes, "chunks": len(asm.chunks),
-        "depth": dissem.plan([dissem.members[p] for p in members], None, dissem.link_snapshot()).depth(),
+        "depth": dissem.plan([dissem.members[p] for p in members if p in dissem.members], None,
+                             dissem.link_snapshot()).depth(),
+        "dropped": len([p for p in members if p not in dissem.members]),  # the learner could not reach them
         **link_figures(dissem, members, version),
         "time_s": round(max(done) - start, 4) if done else None,
         "first_s": round(min(done) - start, 4) if done else None,

@@ -36,6 +36,9 @@ MAX_PUNCH_PEERS = 6
 #: Hole punches under way at once, swarm-wide: each goes through the learner's relay, and a punch
 #: that waits for a busy machine misses its window.
 PUNCH_CONCURRENCY = 4
+#: Passes of a punch round: pairs whose punch failed are tried again (a busy machine misses a
+#: punch's timing often; the node's handler deadline allows one attempt per request).
+PUNCH_PASSES = 3
 CIRCUIT = "/p2p-circuit"
 
 
@@ -137,10 +140,19 @@ class LearnerLinks:
             pairs = {frozenset((peer, o)) for o in order}
             self._trying |= pairs
             counts = {"asked": len(order), "connected": 0, "failed": 0}
+            todo = list(order)
             try:
-                async with trio.open_nursery() as nursery:
-                    for o in order:  # one pair per request, a few at a time swarm-wide
-                        nursery.start_soon(self._punch_one, peer, o, addrs, counts)
+                for attempt in range(PUNCH_PASSES):
+                    if attempt:
+                        await trio.sleep(2.0 * attempt)
+                    counts["failed"] = 0
+                    async with trio.open_nursery() as nursery:
+                        for o in todo:  # one pair per request, a few at a time swarm-wide
+                            nursery.start_soon(self._punch_one, peer, o, addrs, counts)
+                    done = self.snapshot([])
+                    todo = [o for o in todo if not done.can_link(peer, o)]
+                    if not todo:
+                        break
             finally:
                 self._trying -= pairs
             log.info("links: %s connected to %d of %d NAT'd peer(s) (hole punch or same network)", peer[-6:],
