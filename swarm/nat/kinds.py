@@ -120,6 +120,10 @@ def doctor_role(kind: str, dialable: bool | None, punched: bool | None) -> Docto
     if punched:
         return DoctorRole("interior relay", True, "behind NAT, but a hole punch worked: it relays to peers it "
                           "punches through to and is reached by dialable peers through connection reversal", 0)
+    if kind == EIM and punched is None:
+        return DoctorRole("interior relay", True, "behind an endpoint-independent NAT (a usual home router): hole "
+                          "punches should work, though none could be tried now; it likely relays to peers it punches "
+                          "through to and is reached by dialable peers through connection reversal", 0)
     if kind == UNKNOWN and dialable is None:
         return DoctorRole("unknown", False, "the checks could not run: is the bootstrap address right?", 2)
     if kind == SYMMETRIC:

@@ -84,8 +84,10 @@ def test_doctor_roles_and_exit_codes():
     assert (r.role, r.exit_code) == ("leaf", 1) and "symmetric" in r.why and "forward" in r.why
     r = doctor_role(EIM, False, False)
     assert (r.role, r.exit_code) == ("leaf", 1) and "punch failed" in r.why
-    r = doctor_role(EIM, False, None)
-    assert r.role == "leaf" and "no hole punch" in r.why
+    r = doctor_role(EIM, False, None)  # the mapping says punchable, no punch could be tried
+    assert (r.role, r.exit_code) == ("interior relay", 0) and "should work" in r.why and "none could be tried" in r.why
+    r = doctor_role(UNKNOWN, False, None)
+    assert (r.role, r.exit_code) == ("leaf", 1) and "no hole punch" in r.why
     assert doctor_role(UNKNOWN, None, None).exit_code == 2
 
 
