@@ -89,15 +89,22 @@ class LinkDialer:
         self.results[peer] = (err is None, time.monotonic() - t0, err or "")
 
     async def _dial(self, peer: str, addrs: list[str]) -> str | None:
+        """A plain dial of ``peer``'s own addresses; None once a *direct* connection exists (a
+        relayed one, left from a punch attempt, does not count: the dial would stop at it)."""
+        if self.nat is not None and self.nat.relayed(peer) and self.nat.direct_addr(peer) is None:
+            return "only a relayed connection"
         err: str | None = "no dialable address"
         plain = [a for a in addrs if CIRCUIT not in a]
         for addr in candidate_addrs(plain, peer, remote_ip_of(self.host, self.learner_peer)):
             try:
                 with trio.fail_after(self.timeout_s):
                     await self.host.connect(addr)
-                return None
             except (SwarmError, trio.TooSlowError) as e:
                 err = f"{type(e).__name__}: {e}"
+                continue
+            if self.nat is None or self.nat.direct_addr(peer) is not None:
+                return None
+            err = "only a relayed connection"
         return err
 
     async def _punch(self, peer: str, addrs: list[str], dial_err: str) -> str | None:
