@@ -39,6 +39,8 @@ PUNCH_CONCURRENCY = 4
 #: Passes of a punch round: pairs whose punch failed are tried again (a busy machine misses a
 #: punch's timing often; the node's handler deadline allows one attempt per request).
 PUNCH_PASSES = 3
+#: A node with this many punched peers is not retried (it can relay already).
+ENOUGH_PUNCHED = 2
 CIRCUIT = "/p2p-circuit"
 
 
@@ -151,7 +153,7 @@ class LearnerLinks:
                             nursery.start_soon(self._punch_one, peer, o, addrs, counts)
                     done = self.snapshot([])
                     todo = [o for o in todo if not done.can_link(peer, o)]
-                    if not todo:
+                    if not todo or len(done.punched_with(peer)) >= ENOUGH_PUNCHED:
                         break
             finally:
                 self._trying -= pairs
