@@ -86,11 +86,11 @@ class NatService:
 
     def __init__(self, host: Any, config: NatConfig | None = None, book: PunchBook | None = None) -> None:
         from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
-        from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
         from libp2p.relay.circuit_v2.resources import RelayLimits
         from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 
         from swarm.nat.dcutr import PunchingDCUtR
+        from swarm.nat.relay import CountingRelay
 
         self.host = host
         self.config = config or NatConfig()
@@ -100,7 +100,7 @@ class NatService:
         limits = RelayLimits(duration=cfg.relay_circuit_s, data=cfg.relay_circuit_bytes,
                              max_circuit_conns=cfg.relay_max_circuits, max_reservations=cfg.relay_max_reservations)
         lh = host.libp2p_host
-        self._relay = CircuitV2Protocol(lh, limits=limits, allow_hop=cfg.serve_relay)
+        self._relay = CountingRelay(lh, limits=limits, allow_hop=cfg.serve_relay)
         roles = RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if cfg.serve_relay else RelayRole(0))
         self._transport = CircuitV2Transport(lh, self._relay, RelayConfig(roles=roles, limits=limits))
         self._dcutr = PunchingDCUtR(lh, dial_timeout=max(1, round(cfg.punch_timeout_s / 5)))
@@ -121,9 +121,19 @@ class NatService:
                 self._nursery = nursery
                 log.info("nat: %s (relay %s)", self.host.peer_id, "served" if self.config.serve_relay else "client only")
                 task_status.started()
-                await trio.sleep_forever()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    if self.config.serve_relay:
+                        st = self._relay.stats
+                        log.info("nat: the relay carried %d bytes over %d circuit directions", st.bytes,
+                                 st.directions)
 
     # ------------------------------------------------------------------ relay
+    def relay_stats(self) -> dict:
+        """What our relay carried (circuit directions, bytes, open now), as measured."""
+        return self._relay.stats.to_json()
+
     async def reserve(self, relay_addr: str) -> str:
         """Reserve a slot at the relay ``relay_addr`` (``.../p2p/<relay id>``): peers can then
         reach us at the returned circuit address. Raises :class:`SwarmError` on refusal."""
