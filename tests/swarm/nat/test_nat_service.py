@@ -40,6 +40,9 @@ def test_observe_dial_back_and_reserve(tmp_path):
         # an address at another IP than the asker's connection is never dialled
         no = await na.dial_back(b.peer_id, [f"/ip4/192.0.2.1/tcp/4001/p2p/{a.peer_id}"])
         assert not no.reachable and "where your connection comes from" in no.errors[0], no
+        # garbage addresses get a reason, not a crash (and b still answers afterwards)
+        bad = await na.dial_back(b.peer_id, ["garbage", "/ip4/999.1.1.1/tcp/1", "/dns/x/tcp/1/p2p/nobody"])
+        assert not bad.reachable and bad.errors, bad
         # b serves the relay: a reserves a slot and gets its circuit address
         circuit = await na.reserve(b.addrs[0])
         assert circuit == f"{b.addrs[0]}/p2p-circuit/p2p/{a.peer_id}"
