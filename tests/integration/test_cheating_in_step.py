@@ -11,6 +11,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_cheaters_fail_on_the_training_forward_and_the_step_trains_a_whole_honest_batch(tmp_path):
     """Two cheaters (made-up log-probs; their own text with its true log-probs) beside one honest
     node: each is untrusted at its first checked group, the step that found them trained nothing
@@ -19,7 +20,7 @@ def test_cheaters_fail_on_the_training_forward_and_the_step_trains_a_whole_hones
     cheats = ["made_up", "doctored"]
     cfg = config("train.group_size=4", "train.max_tokens=32", "train.prompts_per_step=3",
                  "sync.min_waiting_nodes=3", "replay.enabled=false")
-    seen = run(tmp_path, cfg, [(m, m) for m in cheats] + [("honest", None)], seconds=900)
+    seen = run(tmp_path, cfg, [(m, m) for m in cheats] + [("honest", None)], seconds=1400)
     svc = seen["svc"]
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
