@@ -40,9 +40,12 @@ class ReplayConfig:
 
     #: Replay llama.cpp CPU nodes' picked groups when their numerics match the learner's build.
     enabled: bool = True
-    #: Most seconds of replay per learner step beyond nodes' first groups (0 = no limit); when
-    #: spent, a picked group falls back to the statistical check.
-    budget_s_per_step: float = 30.0
+    #: Seconds of replay per learner step on average, beyond nodes' first groups (0 = no limit):
+    #: a picked group is replayed while there is credit and charged its measured cost, else it
+    #: gets the statistical check. A replay costs about one group's generation (8-20 s on a
+    #: 2-core CPU), so the default replays a sampled group every 4-10 steps beside every node's
+    #: first groups, a few percent of a run where the learner shares the machine with its nodes.
+    budget_s_per_step: float = 2.0
     #: Largest |pushed - replayed| log-prob of an identical token (the replay's own noise is 0 on
     #: the same build; this absorbs float formatting only).
     max_logprob_diff: float = 1e-4
@@ -142,9 +145,11 @@ def compare_group(pushed: Sequence[tuple[Sequence[int], Sequence[float]]],
 
 @dataclass
 class ReplayBudget:
-    """Seconds of replay per learner step: a peer's first groups (``first_groups``) are always
-    replayed and never charged; established peers' replays are charged at the measured cost of
-    one replayed group and allowed while the step's budget lasts (0 = no limit)."""
+    """Seconds of replay per learner step, on average: a peer's first groups (``first_groups``)
+    are always replayed and never charged; an established peer's group is replayed while the
+    budget has credit and charged the measured cost of one replayed group, which may leave a debt.
+    Every step adds ``budget_s_per_step`` of credit (never more than one step's worth is kept), so
+    a budget smaller than one replay's cost replays one group every few steps. 0 = no limit."""
 
     budget_s_per_step: float
     first_groups: int
@@ -152,6 +157,8 @@ class ReplayBudget:
     charged: int = 0
     group_s: float = 0.0
     seen: dict[str, int] = field(default_factory=dict)
+    #: Seconds of replay still allowed (negative: a debt that the next steps' credit pays first).
+    credit: float | None = None
 
     def allow(self, peer_id: str) -> bool:
         """Whether a group of ``peer_id`` that verification picked may be replayed now."""
@@ -159,8 +166,12 @@ class ReplayBudget:
         self.seen[peer_id] = n + 1
         if n < self.first_groups:
             return True
-        if self.budget_s_per_step > 0 and self.charged * self.group_s >= self.budget_s_per_step:
-            return False
+        if self.credit is None:
+            self.credit = self.budget_s_per_step
+        if self.budget_s_per_step > 0:
+            if self.credit <= 0:
+                return False
+            self.credit -= self.group_s
         self.charged += 1
         return True
 
@@ -169,3 +180,5 @@ class ReplayBudget:
 
     def new_step(self) -> None:
         self.charged = 0
+        credit = self.budget_s_per_step if self.credit is None else self.credit
+        self.credit = min(credit + self.budget_s_per_step, self.budget_s_per_step)

@@ -81,8 +81,15 @@ def test_the_budget_spares_first_groups_and_stops_established_peers_when_spent()
     assert b.allow("new") and b.allow("old") and b.allow("new")  # 3 x 4 s charged: the third crosses 10 s
     assert b.charged == 3 and not b.allow("new") and not b.allow("old")
     assert all(b.allow(f"stranger{i}") for i in range(20))  # strangers' first groups cannot spend it
-    b.new_step()
-    assert b.allow("old")
+    b.new_step()  # +10 s of credit pays the 2 s debt first
+    assert b.allow("old") and b.allow("old") and not b.allow("old")
+    small = ReplayBudget(budget_s_per_step=2.0, first_groups=0)  # less than one replay: one every 4 steps
+    small.measured(8.0)
+    allowed = []
+    for _ in range(12):
+        allowed.append(sum(small.allow("old") for _ in range(3)))
+        small.new_step()
+    assert allowed == [1, 0, 0, 0] * 3
     unlimited = ReplayBudget(0.0, 0)
     unlimited.measured(100.0)
     assert all(unlimited.allow("p") for _ in range(50))
