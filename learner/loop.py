@@ -178,9 +178,6 @@ async def run_learner(
                 if replay is not None:
                     row.update(replay.take_metrics())
                 ledger.trained(row.pop("trained_groups", {}))
-                if replay is not None:
-                    row.update(replay.take_metrics())
-                ledger.trained(row.pop("trained_groups", {}))
                 state.wall_s = time.perf_counter() - t_start
                 row["wall_s"] = round(state.wall_s, 2)
                 metrics.write(row)
