@@ -3,10 +3,12 @@
 ``stage TMP``: a stage server (``swarm.pipeline.server.serve_stage``, default 256 MiB frame cap)
 with an executor that serves layers [0, 1) of 2 and computes nothing; prints its address.
 
-``attack TMP STOPFILE OUT ADDR...``: a stranger that never says hello. In rounds (one every
-:data:`ROUND_PAUSE_S` s after the previous ends) until STOPFILE exists, it sends every amplification shape on every protocol of each target: zstd bombs that
+``attack TMP STOPFILE OUT ADDR...``: a stranger that never says hello. In rounds (back to back by
+default: as fast as the targets answer or refuse; ``AMPLIFY_PAUSE_S`` between rounds otherwise) until
+STOPFILE exists, it sends every amplification shape on every protocol of each target: zstd bombs that
 inflate to just under the target's frame cap (60 MiB; 250 MiB for the stage) and one plain
-frame of 8 MiB, a few streams at a time. Then each round it checks that each target still answers a valid
+frame of 8 MiB, a few streams at a time. After each round another host (its own peer id, so the
+targets' budgets for the stranger do not refuse it) checks that each target still answers a valid
 request; at the end it writes its counts (frames, bytes sent, refusals, answers) to OUT as JSON.
 """
 
@@ -38,9 +40,9 @@ STAGE_PROTOCOLS = [PIPELINE]
 SHAPES = ["empty_maps", "empty_arrays", "neg_fixints", "nested_maps", "deep", "many_keys", "long_str"]
 #: Streams in flight at once.
 PARALLEL = 4
-#: Seconds between rounds (``AMPLIFY_PAUSE_S``; 0 = as fast as the targets answer: a byte flood,
-#: see docs/benchmarks.md).
-ROUND_PAUSE_S = float(os.environ.get("AMPLIFY_PAUSE_S", "5"))
+#: Seconds between rounds (``AMPLIFY_PAUSE_S``; 0, the default = as fast as the targets answer:
+#: a byte flood, see docs/benchmarks.md).
+ROUND_PAUSE_S = float(os.environ.get("AMPLIFY_PAUSE_S", "0"))
 #: Also send one plain 8 MiB frame per protocol and round (``AMPLIFY_PLAIN=0``: bombs only).
 PLAIN_FRAMES = os.environ.get("AMPLIFY_PLAIN", "1") != "0"
 
@@ -150,10 +152,11 @@ async def attack(tmp: Path, stop: Path, out: Path, addrs: list[str]) -> None:
     stats = {"frames": 0, "bytes_sent": 0, "refused": 0, "answered": 0, "not_opened": 0, "rounds": 0,
              "healthy_rounds": 0, "unhealthy_at": [], "started": time.time()}
     cfg = HostConfig(request_timeout_s=30.0)
-    async with open_host(tmp / "attacker", config=cfg) as host:
+    async with open_host(tmp / "attacker", config=cfg) as host, open_host(tmp / "checker", config=cfg) as checker:
         peers = []
         for addr in (learner_addr, node_addr, stage_addr):
             peers.append(await host.connect(addr))
+            await checker.connect(addr)
         learner, node, stage = peers
         jobs = [(learner, p, f) for p in LEARNER_PROTOCOLS for f in small] + \
                [(node, p, f) for p in NODE_PROTOCOLS for f in small] + \
@@ -170,7 +173,7 @@ async def attack(tmp: Path, stop: Path, out: Path, addrs: list[str]) -> None:
                 for peer, proto, frame in jobs:
                     nursery.start_soon(one, peer, proto, frame)
             stats["rounds"] += 1
-            if await healthy(host, learner, node, stage):
+            if await healthy(checker, learner, node, stage):
                 stats["healthy_rounds"] += 1
             else:
                 stats["unhealthy_at"].append(time.time())
