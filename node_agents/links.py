@@ -32,6 +32,9 @@ DIAL_TIMEOUT_S = 8.0
 #: the host's handler deadline (``HostConfig.handler_timeout_s``, 30 s), so the learner always
 #: gets the node's answer.
 PUNCH_TIMEOUT_S = 25.0
+#: Deadline (s) of the plain dial before a hole punch (inside one network it takes milliseconds;
+#: the punch needs the rest of the request's time).
+LAN_DIAL_TIMEOUT_S = 2.0
 CIRCUIT = "/p2p-circuit"
 
 
@@ -78,7 +81,7 @@ class LinkDialer:
             if how == "reserve":
                 err = await self._reserve(peer, addrs)
             else:
-                err = await self._dial(peer, addrs)
+                err = await self._dial(peer, addrs, self.timeout_s if how == "reversed" else LAN_DIAL_TIMEOUT_S)
                 if err is None:
                     direct.add(peer)
                 elif how == "punch":
@@ -88,7 +91,7 @@ class LinkDialer:
         got[peer] = err
         self.results[peer] = (err is None, time.monotonic() - t0, err or "")
 
-    async def _dial(self, peer: str, addrs: list[str]) -> str | None:
+    async def _dial(self, peer: str, addrs: list[str], timeout_s: float) -> str | None:
         """A plain dial of ``peer``'s own addresses; None once a *direct* connection exists (a
         relayed one, left from a punch attempt, does not count: the dial would stop at it)."""
         if self.nat is not None and self.nat.relayed(peer) and self.nat.direct_addr(peer) is None:
@@ -97,7 +100,7 @@ class LinkDialer:
         plain = [a for a in addrs if CIRCUIT not in a]
         for addr in candidate_addrs(plain, peer, remote_ip_of(self.host, self.learner_peer)):
             try:
-                with trio.fail_after(self.timeout_s):
+                with trio.fail_after(timeout_s):
                     await self.host.connect(addr)
             except (SwarmError, trio.TooSlowError) as e:
                 err = f"{type(e).__name__}: {e}"
