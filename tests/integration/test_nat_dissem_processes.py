@@ -14,7 +14,11 @@ along the links. What must hold, from the nodes' own reports and the learner's s
 - every node behind the symmetric router relayed nothing: its role is a leaf, and both the
   summary and the learner's log say why (every hole punch failed, symmetric NAT likely).
 
-Slow: about 2-4 minutes on a loaded 2-core machine (the punch rounds take most of it).
+Slow: about 5 minutes on a loaded 2-core machine (the punch rounds take most of it).
+
+Status 2026-11-25: this test fails here. Each node's first hole punch succeeds (about 5.5 s) and
+every later punch from or to the same host times out, so most eim nodes punch with no peer of the
+other eim router and stay leaves. It needs several punches per host to work.
 """
 
 from __future__ import annotations
