@@ -21,6 +21,7 @@ from swarm.discovery.keys import check_run_name
 from swarm.nat.config import NatConfig
 from swarm.limits import LimitSettings
 from learner.replay import ReplayConfig
+from learner.validator_desk import ValidatorConfig
 
 Precision = Literal["auto", "bf16", "autocast", "fp32"]
 LossKind = Literal["ppo_clip", "tis", "decoupled"]
@@ -310,6 +311,8 @@ class LearnerConfig:
     run: RunConfig = field(default_factory=lambda: RunConfig())
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig())
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    #: Validator nodes for the numerics the learner cannot replay (``learner/validator_desk.py``).
+    validators: ValidatorConfig = field(default_factory=ValidatorConfig)
     #: Budgets per connection, peer id and address block on every incoming stream (``swarm/limits.py``).
     limits: LimitSettings = field(default_factory=LimitSettings)
     #: Each step's figures also to TensorBoard / W&B (``--report-to``; ``learner/report_to.py``).
@@ -317,7 +320,8 @@ class LearnerConfig:
 
     def validate(self) -> LearnerConfig:
         """Check every section with a ``validate()`` and the rules across sections; returns self."""
-        for section in (self.lora, self.train, self.sync, self.network, self.run, self.verify, self.replay, self.report):
+        for section in (self.lora, self.train, self.sync, self.network, self.run, self.verify, self.replay,
+                        self.validators, self.report):
             section.validate()
         t, sy = self.train, self.sync
         require(sy.mode != "async" or sy.buffer_limit(t.prompts_per_step) >= t.prompts_per_step,

@@ -151,7 +151,8 @@ async def run_learner(
                 coord, service_settings(cfg, run_id, name, model_serve.content_sha256),
                 versions=versions, nodes=nodes, admission=admission,
                 verifier=verifier, episode=episodes, dissem=dissem, model_serve=model_serve, console=console,
-                probe=lambda peer: stage_alive(host, peer), ledger=ledger, replay=replay)
+                probe=lambda peer: stage_alive(host, peer), ledger=ledger, replay=replay,
+                validators=cfg.validators)
             service.register(host)
             if on_service is not None:
                 on_service(service)
@@ -177,6 +178,8 @@ async def run_learner(
                     row["time_verify_s"] = round(row.get("verify_s", 0.0) - row.get("verify_in_step_s", 0.0), 3)
                 if replay is not None:
                     row.update(replay.take_metrics())
+                if service.validators is not None:
+                    row.update(service.validators.take_metrics())
                 ledger.trained(row.pop("trained_groups", {}))
                 state.wall_s = time.perf_counter() - t_start
                 row["wall_s"] = round(state.wall_s, 2)

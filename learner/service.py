@@ -35,6 +35,8 @@ from learner.lease_gate import GateSettings, LeaseGate
 from learner.ledger import WorkLedger
 from learner.model_serve import HELLO_MODEL_NAME_KEY, LearnerModelServe, hello_model_check
 from learner.pipelines import PipelineManager, PipelineSettings, describe_pipelines, stage_adapter, stage_report
+from learner.validator_desk import ValidatorConfig, ValidatorDesk
+from learner.validators import device_class
 from learner.verify import Verifier
 from learner.verify_queue import VerifyQueue
 from learner.work_desk import SamplingDefaults, WorkDesk
@@ -43,6 +45,7 @@ from swarm.proto import ADAPTER, HELLO, ROLLOUTS, WORK
 from swarm.proto.adapter import AdapterReply, AdapterRequest
 from swarm.proto.hello import Hello, HelloAck
 from swarm.proto.rollouts import RolloutAck, RolloutPush
+from swarm.proto.validate import VALIDATE, ValidateAck, ValidateResult
 from swarm.proto.stage import STAGE_ADAPTER, STAGE_REPORT, StageAdapterRequest, StageReport
 from swarm.proto.work import WorkReply, WorkRequest
 
@@ -122,7 +125,8 @@ class LearnerService:
                  model_serve: LearnerModelServe | None = None,
                  console: Callable[[str], None] | None = None,
                  probe: Callable[[str], Awaitable[bool]] | None = None,
-                 ledger: WorkLedger | None = None, replay: Any = None) -> None:
+                 ledger: WorkLedger | None = None, replay: Any = None,
+                 validators: ValidatorConfig | None = None) -> None:
         self.coordinator = coordinator
         self.settings = settings
         self.versions = versions if versions is not None else AdapterVersions()
@@ -148,9 +152,12 @@ class LearnerService:
                                          links=dissem.link_snapshot if dissem is not None else None)
         self.desk = WorkDesk(coordinator, self.pipelines, LeaseGate(s.gate), self.changes, sampling=s.sampling,
                              group_size=s.group_size, long_poll_s=s.long_poll_s, admission=admission, episode=episode)
+        #: Validator nodes for numerics the learner cannot replay (``learner/validator_desk.py``).
+        self.validators = None if verifier is None or validators is None or not validators.enabled else ValidatorDesk(
+            validators, s.sampling, classes=self.node_classes, untrust=self.untrust, wake=self.changes.notify)
         self.checks = None if verifier is None else VerifyQueue(
             verifier, coordinator, self.changes, backend_of=self._backend_of, untrust=self.untrust, credit=self.credit,
-            replay=replay, on_checked=self.ledger.checked)
+            replay=replay, on_checked=self.ledger.checked, validators=self.validators)
 
     # -- wiring ----------------------------------------------------------------------------
     def register(self, host) -> None:
@@ -160,6 +167,7 @@ class LearnerService:
         host.set_handler(ADAPTER, AdapterRequest, self.on_adapter)
         host.set_handler(STAGE_ADAPTER, StageAdapterRequest, self.on_stage_adapter)
         host.set_handler(STAGE_REPORT, StageReport, self.on_stage_report)
+        host.set_handler(VALIDATE, ValidateResult, self.on_validate)
 
     def notify(self) -> None:
         """Wake everything waiting for a change (new work, new results, new version)."""
@@ -256,6 +264,12 @@ class LearnerService:
                                 tokens_per_s=h.tokens_per_s)
         return gone
 
+    def node_classes(self) -> dict[str, str | None]:
+        """Peer id -> the validator class its hello declares (``learner.validators.device_class``;
+        None: not one validators serve). Stage nodes serve pipelines, not validation jobs."""
+        return {p: None if n.hello.extra.get("stage") == "1" else device_class(n.hello.backend, n.hello.device, n.hello.extra)
+                for p, n in self.nodes.items()}
+
     def _backend_of(self, peer_id: str) -> str:
         node = self.nodes.get(peer_id)
         return node.hello.backend if node is not None else ""
@@ -337,7 +351,17 @@ class LearnerService:
             if not self.pipelines.is_stage(peer_id):  # dropped from the plan (lost or silent), back now
                 self.pipelines.join(peer_id, node.hello, trio.current_time())
             return await self.desk.stage_work(msg, peer_id)
-        return await self.desk.node_work(msg, peer_id)
+        return await self.desk.node_work(msg, peer_id, first=lambda: self._job_reply(peer_id))
+
+    def _job_reply(self, peer_id: str) -> WorkReply | None:
+        """A validation job waiting for ``peer_id``, as a work reply (before any lease)."""
+        job = self.validators.job_for(peer_id) if self.validators is not None else None
+        return None if job is None else WorkReply(validate=job, retry_after_s=0.0, reason="validate")
+
+    async def on_validate(self, msg: ValidateResult, peer_id: str) -> ValidateAck:
+        """A validator's replay of a job it was handed (``learner/validator_desk.py``)."""
+        self._node(peer_id)
+        return ValidateAck(accepted=self.validators is not None and self.validators.deliver(peer_id, msg))
 
     async def on_rollouts(self, msg: RolloutPush, peer_id: str) -> RolloutAck:
         node = self._node(peer_id)

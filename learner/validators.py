@@ -11,8 +11,10 @@ replays it too and :func:`referee` decides: the side that disagrees with two oth
 when all three differ nobody is (the class is not deterministic enough to referee, and the
 disagreement is counted, not hidden).
 
-The network part (a validation message family and the node's handler) is not built yet; see
-``docs/security.md``, "Exact verification".
+The network part: the message family ``swarm.proto.validate`` (jobs go out in the reply to a
+validator's work long poll), the learner's desk ``learner/validator_desk.py`` (asks, compares,
+referees, falls back to the statistical check) and the node's handler (``NodeAgent._validate``:
+the same generation as a lease's group); see ``docs/security.md``, "Exact verification".
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ import trio
 
 from learner.changes import Changes
 from learner.coordinator import Coordinator
+from learner.validator_desk import FALLBACK
 from learner.verify import Verifier
 
 log = logging.getLogger("echo_swarm.learner")
@@ -65,6 +66,9 @@ class PendingCheck:
     completions: dict[str, int] = field(default_factory=dict)
     #: The picked groups checked by an exact replay (``learner/replay.py``) instead of re-scoring.
     replayed: set[str] = field(default_factory=set)
+    #: The picked groups sent to validator nodes (``learner/validator_desk.py``); one they cannot
+    #: decide falls back to re-scoring.
+    validated: set[str] = field(default_factory=set)
 
 
 def picked_groups(accepted: list[str], pick) -> list[str]:
@@ -85,7 +89,7 @@ class VerifyQueue:
     def __init__(self, verifier: Verifier, coordinator: Coordinator, changes: Changes, *,
                  backend_of: Callable[[str], str], untrust: Callable[[str, str], None],
                  credit: Callable[[str, int], None], replay: Any = None,
-                 on_checked: Callable[[str, str, bool], None] | None = None) -> None:
+                 on_checked: Callable[[str, str, bool], None] | None = None, validators: Any = None) -> None:
         self.verifier = verifier
         self.coordinator = coordinator
         self.changes = changes
@@ -97,6 +101,9 @@ class VerifyQueue:
         self.replay = replay
         #: Told (peer, test, passed) for every group checked in the background (the work ledger).
         self.on_checked = on_checked
+        #: Validator nodes (``learner.validator_desk.ValidatorDesk``: ``choose``, ``check_all``) for
+        #: groups the learner cannot replay itself; None: those are re-scored statistically.
+        self.validators = validators
         self._items: deque[PendingCheck] = deque()
         self._added = trio.Event()
         self.closed = False
@@ -158,8 +165,11 @@ class VerifyQueue:
                             completions=sizes)
         if self.replay is not None:  # exact replay where the learner reproduces the node's numerics
             item.replayed = {gid for gid, _p, r in item.picked if self.replay.choose(peer_id, r)}
+        if self.validators is not None:  # other numerics: a peer of the producer's class replays
+            item.validated = {gid for gid, _p, r in item.picked
+                              if gid not in item.replayed and self.validators.choose(peer_id, r)}
         v = self.verifier
-        if v.in_step and not self.closed and not item.replayed and all(results[g].version == v.weights_version for g in picked):
+        if v.in_step and not self.closed and not item.replayed and not item.validated and all(results[g].version == v.weights_version for g in picked):
             self.deferred[hold_id] = item  # checked on the forward of the step that trains it
             self.last[peer_id] = item
         else:
@@ -202,13 +212,19 @@ class VerifyQueue:
         else:
             self.credit(item.peer_id, sum(item.completions.values()))
 
-    def _verdicts(self, live: list[PendingCheck], work: list[tuple]) -> list[str | None]:
+    def _verdicts(self, live: list[PendingCheck], work: list[tuple],
+                  decided: dict[str, str | None] | None = None) -> list[str | None]:
         """Per picked group of ``live`` (``work`` in the same order): the failure reason or None,
-        by exact replay for the groups in ``item.replayed``, by the verifier's re-scoring for the
-        others (blocking; the queue's worker thread)."""
+        by validators for the groups in ``decided`` (their verdicts), by exact replay for the
+        groups in ``item.replayed``, by the verifier's re-scoring for the others (blocking; the
+        queue's worker thread)."""
+        decided = decided or {}
         gids = [(gid, gid in item.replayed) for item in live for gid, _p, _r in item.picked]
         out: list[str | None] = [None] * len(work)
-        stats = [i for i, (_g, by_replay) in enumerate(gids) if not by_replay]
+        for i, (gid, _r) in enumerate(gids):
+            if gid in decided:
+                out[i] = decided[gid]
+        stats = [i for i, (g, by_replay) in enumerate(gids) if not by_replay and g not in decided]
         replays = [i for i, (_g, by_replay) in enumerate(gids) if by_replay]
         if stats:
             for i, r in zip(stats, self.verifier.check_groups([work[i] for i in stats])):
@@ -218,9 +234,10 @@ class VerifyQueue:
             for i, r in zip(replays, self.replay.check_groups(items)):
                 out[i] = r
         if self.on_checked is not None:
-            for i, (_gid, by_replay) in enumerate(gids):
+            for i, (gid, by_replay) in enumerate(gids):
                 fresh = by_replay or work[i][3].version == self.verifier.weights_version
-                self.on_checked(work[i][0], "replay" if by_replay else ("stats" if fresh else "skipped"), out[i] is None)
+                test = "validator" if gid in decided else "replay" if by_replay else "stats" if fresh else "skipped"
+                self.on_checked(work[i][0], test, out[i] is None)
         return out
 
     def _drain(self) -> list[PendingCheck]:
@@ -246,6 +263,15 @@ class VerifyQueue:
                         if self.last.get(item.peer_id) is item:
                             del self.last[item.peer_id]
 
+    async def _validate(self, live: list[PendingCheck]) -> dict[str, str | None]:
+        """The verdicts of validator nodes on the groups of ``live`` sent to them (group id ->
+        failure reason or None); the groups they could not decide are left out (re-scored)."""
+        jobs = [(item.peer_id, gid, p, r) for item in live for gid, p, r in item.picked if gid in item.validated]
+        if self.validators is None or not jobs:
+            return {}
+        got = await self.validators.check_all(jobs)
+        return {gid: why for gid, why in got.items() if why != FALLBACK}
+
     async def check(self, item: PendingCheck) -> None:
         """Check one held push (:meth:`check_batch` of one)."""
         await self.check_batch([item])
@@ -259,7 +285,8 @@ class VerifyQueue:
         if not work:
             return
         try:
-            reasons = await trio.to_thread.run_sync(self._verdicts, live, work, abandon_on_cancel=True)
+            decided = await self._validate(live)
+            reasons = await trio.to_thread.run_sync(self._verdicts, live, work, decided, abandon_on_cancel=True)
         except Exception:
             log.exception("could not verify %d group(s) of %d push(es)", len(work), len(live))
             for item in live:

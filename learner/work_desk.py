@@ -66,10 +66,12 @@ class WorkDesk:
         self.changes.notify()
 
     # -- whole-model nodes -------------------------------------------------------------------
-    async def node_work(self, msg: WorkRequest, peer_id: str) -> WorkReply:
+    async def node_work(self, msg: WorkRequest, peer_id: str,
+                        first: Callable[[], WorkReply | None] | None = None) -> WorkReply:
+        """A lease, or ``first()`` before it when that has a reply (a validation job)."""
         if self.gate.arrive(peer_id):
             self.changes.notify()  # the other waiters re-count
-        return await self.long_poll(peer_id, lambda: self.lease_reply(peer_id, msg.max_groups))
+        return await self.long_poll(peer_id, lambda: (first and first()) or self.lease_reply(peer_id, msg.max_groups))
 
     # -- stage nodes -------------------------------------------------------------------------
     async def stage_work(self, msg: WorkRequest, peer_id: str) -> WorkReply:

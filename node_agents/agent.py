@@ -22,6 +22,7 @@ from swarm.proto import ADAPTER, HELLO, ROLLOUTS, WORK
 from swarm.proto.adapter import AdapterReply, AdapterRequest
 from swarm.proto.hello import Hello, HelloAck
 from swarm.proto.rollouts import Completion, GroupResult, RolloutAck, RolloutPush
+from swarm.proto.validate import VALIDATE, ValidateAck, ValidateJob, ValidateResult
 from swarm.proto.work import Lease, WorkReply, WorkRequest, group_seed
 from swarm.wire import WireError
 
@@ -169,6 +170,9 @@ class NodeAgent:
             )
             if reply.done:
                 return True
+            if reply.validate is not None:
+                await self._validate(host, peer, reply.validate)
+                continue
             if reply.lease is None:
                 await trio.sleep(reply.retry_after_s)
                 continue
@@ -241,6 +245,25 @@ class NodeAgent:
             f"({tokens / max(gen_s, 1e-9):.0f} tok/s), pushed {pushed} (total {self.pushed_completions}), "
             f"{self.adapter_note}, lease #{self.leases_done}{note}"
         )
+
+    async def _validate(self, host, peer: str, job: ValidateJob) -> None:
+        """Replay a group for the learner (``swarm.proto.validate``): the same generation as a
+        lease's group, from the job's seed and adapter version; the job does not say whose group
+        it is. An error is reported, not raised (the learner then checks the group otherwise)."""
+        t0 = time.perf_counter()
+        comps, error = [], ""
+        try:
+            await self._ensure_adapter(host, peer, job.version)
+            params = SamplingParams(job.temperature, job.top_p, job.max_tokens, job.seed)
+            out = await trio.to_thread.run_sync(self.backend.generate_group, list(job.prompt_ids), job.group_size, params)
+            comps = [Completion(c.token_ids, c.logprobs, c.finish_reason) for c in out]
+        except (ValueError, RuntimeError, WireError, SwarmError, LearnerGone) as e:
+            error = f"{type(e).__name__}: {e}"[:1000]
+        gen_s = time.perf_counter() - t0
+        result = ValidateResult(request_id=job.request_id, completions=comps, error=error, gen_s=gen_s)
+        ack = await host.request(peer, VALIDATE, result, ValidateAck, timeout=self.cfg.push_timeout_s)
+        self.say(f"v{job.version} validation job: {job.group_size} completion(s) in {gen_s:.1f}s"
+                 f"{' (' + error + ')' if error else ''}{'' if ack.accepted else ', not taken (late)'}")
 
     async def _push(self, host, peer: str, lease: Lease, results: list[GroupResult], gen_s: float,
                     tokens: int) -> tuple[int, str]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarm.proto.stage import StageAssignment
+from swarm.proto.validate import ValidateJob
 from swarm.wire import Message, bounded, bounded_default
 
 
@@ -92,6 +93,9 @@ class WorkReply(Message):
     #: the node reported holding, or when a newer adapter version should be fetched. Older
     #: nodes ignore it.
     stage: StageAssignment | None = None
+    #: A group to replay for the learner before more work (``swarm.proto.validate``); the node
+    #: answers on ``VALIDATE``. Older nodes ignore it (the learner then falls back to its own check).
+    validate: ValidateJob | None = None
 
 
 def group_seed(lease_seed: int, group_id: str) -> int:

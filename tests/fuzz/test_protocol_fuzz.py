@@ -26,6 +26,7 @@ from swarm.proto.chunks import ChunkRequest
 from swarm.proto.dissem import DissemJoin, HaveVersion, ManifestRequest
 from swarm.proto.hello import Hello
 from swarm.proto.rollouts import Completion, GroupResult, RolloutPush
+from swarm.proto.validate import VALIDATE, ValidateResult
 from swarm.proto.work import WorkRequest
 
 #: (target host, protocol, a valid request of it) for every handler fuzzed.
@@ -38,6 +39,7 @@ HANDLERS = [
     ("learner", DISSEM_MANIFEST, ManifestRequest(version=0)),
     ("learner", DISSEM_HAVE, HaveVersion(version=0, completed_at=0.0)),
     ("learner", CHUNKS, ChunkRequest(content_id=bytes(32), indices=[0])),
+    ("learner", VALIDATE, ValidateResult("r0", [Completion([1], [-0.1], "stop")])),
     ("node", DISSEM_PUSH, ChunkRequest(content_id=bytes(32), indices=[0])),  # any frame: a push header is expected
     ("node", CHUNKS, ChunkRequest(content_id=bytes(32), indices=[0])),
 ]

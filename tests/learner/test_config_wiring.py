@@ -48,6 +48,7 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
         "limits.requests_per_min_peer=999.0", "limits.streams_per_block=77",
         "nat.relay_max_circuits=3", "nat.relay_circuit_bytes=12345",
         "replay.budget_s_per_step=12.5", "replay.contexts=3", "replay.max_threads=9",
+        "validators.deadline_s=77.0", "validators.max_logprob_diff=0.01", "validators.max_jobs_per_peer=2",
         'report.to=["tensorboard"]',
     ])
     default = LearnerConfig()
@@ -141,6 +142,11 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
     checked.add("replay")
     rp = svc.checks.replay  # the learner's llama.cpp replayer, in the verify queue (learner/replay.py)
     assert (rp.cfg.contexts, rp.cfg.max_threads, rp.budget.budget_s_per_step, rp.budget.first_groups) == (3, 9, 12.5, 3)
+
+    checked.add("validators")
+    vd = svc.validators  # validator nodes' desk (learner/validator_desk.py), used by the verify queue
+    assert svc.checks.validators is vd
+    assert (vd.cfg.deadline_s, vd.cfg.max_logprob_diff, vd.cfg.max_jobs_per_peer) == (77.0, 0.01, 2)
 
     checked.add("report")  # TensorBoard's event file is opened in the run dir when the metrics writer starts
     assert list((tmp_path / "run").glob("events.out.tfevents.*"))

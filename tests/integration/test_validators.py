@@ -1,0 +1,106 @@
+"""Validators with real processes: ``swarm-node`` torch processes on a tiny random Qwen3 (an HF
+directory, so the learner has no GGUF and cannot replay them itself) over real libp2p against an
+in-process learner. A picked group is replayed by another torch node of the same declared class
+(``learner/validator_desk.py``), handed out through its work long poll: an honest producer is
+confirmed by its validator; a cheating producer (greedy text with the policy's true log-probs,
+``tests/integration/cheat_node.py``) is caught with ``validator`` as the catching test, refereed
+by a second validator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from learner.config import LearnerConfig
+from learner.demo import node_command, stop_processes
+from learner.loop import run_learner
+from learner.metrics import read_metrics
+from swarm.config import load_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CHEAT = Path(__file__).with_name("cheat_node.py")
+
+
+def run(tmp_path: Path, nodes: list[tuple[str, str | None]], *extra: str, seconds: float = 900) -> dict:
+    """The learner in this process and ``nodes`` (name, cheat mode or None) as torch node processes."""
+    from bench.make_model import make_model
+
+    model = make_model("qwen3", tmp_path / "qwen3-tiny", "tiny", seed=2)
+    cfg = load_config(LearnerConfig, None, [
+        'network.listen="/ip4/127.0.0.1/tcp/0"', f'model.name="{model}"', "train.steps=1",
+        f"train.prompts_per_step={len(nodes)}", "train.group_size=2", "train.max_tokens=12", "train.micro_batch=6",
+        "train.checkpoint_every=0", "sync.long_poll_s=2.0", "sync.lease_timeout_s=600", "dissem.mode=direct",
+        f"sync.min_waiting_nodes={len(nodes)}", "validators.deadline_s=240", *extra])
+    procs: list[subprocess.Popen] = []
+    seen: dict = {}
+
+    async def main():
+        with trio.fail_after(seconds):
+            async with trio.open_nursery() as nursery:
+                addrs = await nursery.start(lambda task_status: run_learner(
+                    cfg, tmp_path / "run", console=lambda s: None,
+                    on_service=lambda svc: seen.setdefault("svc", svc), task_status=task_status))
+                for name, mode in nodes:
+                    cmd = node_command(addrs[0], tmp_path / name, 1, name, str(model), "torch") + ["--no-probe", "-v"]
+                    if mode is not None:
+                        cmd = [sys.executable, str(CHEAT), mode] + cmd[3:]
+                    log = open(tmp_path / f"{name}.log", "w")
+                    procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+
+    try:
+        trio.run(main)
+    finally:
+        stop_processes(procs, 20)
+    logs = {name: (tmp_path / f"{name}.log").read_text() for name, _m in nodes}
+    peer_of = {name: next(line.split()[2] for line in logs[name].splitlines() if line.startswith(f"[{name}] peer "))
+               for name, _m in nodes}
+    return {"svc": seen["svc"], "logs": logs, "peer_of": peer_of,
+            "rows": read_metrics(tmp_path / "run" / "metrics.jsonl"),
+            "work": json.loads((tmp_path / "run" / "swarm.json").read_text())["work"]}
+
+
+def figures(out: dict) -> dict:
+    keys = ("groups", "failed", "fallback", "disagreements", "inconclusive", "untrusted")
+    return {k: sum(r.get(f"validator_{k}", 0) for r in out["rows"]) for k in keys}
+
+
+@pytest.mark.timeout(1200)
+def test_an_honest_producer_is_confirmed_by_its_validator(tmp_path):
+    out = run(tmp_path, [("a", None), ("b", None)])
+    svc, work, peer_of = out["svc"], out["work"], out["peer_of"]
+    assert [r["step"] for r in out["rows"]] == [1], out["logs"]
+    assert not svc.admission.untrusted
+    for name, p in peer_of.items():
+        assert work[p]["verified"].get("validator", 0) >= 1 and work[p]["failed"] == {}, (name, work[p])
+        assert "validation job" in out["logs"][name]  # each replayed the other's group
+    f = figures(out)
+    print("validators:", f, "ledger:", {n: work[p]["verified"] for n, p in peer_of.items()})
+    assert f["groups"] >= 2 and f["failed"] == 0 and f["disagreements"] == 0  # measured: none on one class
+
+
+@pytest.mark.timeout(1500)
+def test_a_cheating_producer_is_caught_by_two_validators(tmp_path):
+    out = run(tmp_path, [("greedy", "greedy"), ("h1", None), ("h2", None)], seconds=1300)
+    svc, work, peer_of = out["svc"], out["work"], out["peer_of"]
+    untrusted = svc.admission.untrusted
+    cheat = peer_of["greedy"]
+    assert set(untrusted) == {cheat}, (untrusted, out["logs"]["greedy"][-2000:])
+    why = untrusted[cheat]
+    # caught as a producer (its group disagrees with two validators) or, when it validated first,
+    # as a validator whose replay disagrees with two others: either way by validators, not re-scoring
+    assert ("validator: completion" in why and work[cheat]["failed"] == {"validator": 1}) or \
+        "validator disagreed with two others" in why, (why, work[cheat])
+    assert work[cheat]["groups_trained"] == 0
+    for h in ("h1", "h2"):
+        assert work[peer_of[h]]["failed"] == {}, (h, work[peer_of[h]])
+    trained_by = {p for r in out["rows"] for p in r["nodes"]}
+    assert cheat not in trained_by
+    f = figures(out)
+    print("validators:", f, "why:", why, "ledger:", {n: (work[p]["verified"], work[p]["failed"]) for n, p in peer_of.items()})
+    assert f["disagreements"] >= 1 and f["failed"] + f["untrusted"] >= 1
