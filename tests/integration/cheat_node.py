@@ -17,6 +17,10 @@ Run as ``python tests/integration/cheat_node.py MODE <swarm-node join arguments>
 - ``insert3``: honest groups except one completion, into which 3 tokens of its own are inserted
   after the first token, every log-prob the true one of the resulting text.
 - ``honest``: no change (a control).
+
+A mode with the suffix ``-leases`` (``greedy-leases``) cheats in its leases only and replays the
+validation jobs it is handed honestly (``swarm.proto.validate``), as a cheater that knows which
+requests are checks would.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import sys
 
 import numpy as np
 
+#: Mode suffix: cheat in leases only, replay validation jobs honestly.
+LEASE_ONLY = "-leases"
 MODES = ("bad_push", "made_up", "doctored", "other_adapter", "other_model", "greedy", "adapter_off", "insert3", "honest")
 INSERTED_TEXT = " so we have that"
 DOCTORED_TEXT = "I checked this twice and it is simple.\nAnswer: 7"
@@ -33,6 +39,8 @@ DOCTORED_TEXT = "I checked this twice and it is simple.\nAnswer: 7"
 class CheatBackend:
     def __init__(self, inner, mode: str):
         self.inner, self.mode, self.name = inner, mode, inner.name
+        #: True while the node replays a validation job honestly (a ``-leases`` mode).
+        self.honest = False
 
     def __getattr__(self, attr):
         return getattr(self.inner, attr)
@@ -51,6 +59,8 @@ class CheatBackend:
     def generate_group(self, prompt_ids, n, params):
         from node_agents.backends.base import SampledCompletion
 
+        if self.honest:
+            return self.inner.generate_group(prompt_ids, n, params)
         if self.mode == "other_model":
             params.temperature = 2.5
         if self.mode == "greedy":
@@ -87,6 +97,8 @@ class CheatBackend:
 
 def main(argv: list[str]) -> int:
     mode, rest = argv[0], argv[1:]
+    lease_only = mode.endswith(LEASE_ONLY)
+    mode = mode.removesuffix(LEASE_ONLY)
     if mode not in MODES:
         print(f"cheat_node: mode must be one of {MODES}", file=sys.stderr)
         return 2
@@ -95,6 +107,19 @@ def main(argv: list[str]) -> int:
 
     real = registry.create_backend
     registry.create_backend = lambda *a, **k: CheatBackend(real(*a, **k), mode)
+    if lease_only:
+        from node_agents.agent import NodeAgent
+
+        real_validate = NodeAgent._validate
+
+        async def honest_validate(self, host, peer, job):
+            self.backend.honest = True
+            try:
+                return await real_validate(self, host, peer, job)
+            finally:
+                self.backend.honest = False
+
+        NodeAgent._validate = honest_validate
     return cli.main(rest)
 
 

@@ -86,6 +86,26 @@ def test_an_honest_producer_is_confirmed_by_its_validator(tmp_path):
 
 @pytest.mark.timeout(1500)
 def test_a_cheating_producer_is_caught_by_two_validators(tmp_path):
+    """Greedy text in its leases, honest replays of the jobs it is handed (``greedy-leases``): the
+    cheater is caught as a producer, its group disagreeing with two validators."""
+    out = run(tmp_path, [("greedy", "greedy-leases"), ("h1", None), ("h2", None)], seconds=1300)
+    svc, work, peer_of = out["svc"], out["work"], out["peer_of"]
+    untrusted, cheat = svc.admission.untrusted, peer_of["greedy"]
+    assert set(untrusted) == {cheat}, (untrusted, out["logs"]["greedy"][-2000:])
+    assert "validator: completion" in untrusted[cheat] and "a second validator agrees" in untrusted[cheat]
+    assert work[cheat]["failed"] == {"validator": 1} and work[cheat]["groups_trained"] == 0, work[cheat]
+    for h in ("h1", "h2"):
+        assert work[peer_of[h]]["failed"] == {} and work[peer_of[h]]["verified"].get("validator", 0) >= 1
+    assert cheat not in {p for r in out["rows"] for p in r["nodes"]}
+    f = figures(out)
+    print("validators:", f, "why:", untrusted[cheat])
+    assert f["failed"] == 1 and f["disagreements"] >= 1 and f["untrusted"] == 0
+
+
+@pytest.mark.timeout(1500)
+def test_a_node_cheating_everywhere_is_caught_by_validators(tmp_path):
+    """Greedy text in its leases and in the jobs it replays: caught as a producer or as a validator,
+    whichever check comes first, and either way by validators."""
     out = run(tmp_path, [("greedy", "greedy"), ("h1", None), ("h2", None)], seconds=1300)
     svc, work, peer_of = out["svc"], out["work"], out["peer_of"]
     untrusted = svc.admission.untrusted
