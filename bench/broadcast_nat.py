@@ -82,7 +82,7 @@ def nat_runs(args) -> list[dict]:
             hosts = list(range(1, len(tb)))
             for i in hosts:
                 cmd = py + ["node", "--learner", addr, "--run-id", "bench", "--data-dir", str(tmp / f"n{i}"),
-                            "--listen", f"/ip4/{tb.ip(i)}/tcp/4001", "--upload-mbps", str(args.rate_mbit), "-v"]
+                            "--listen", f"/ip4/{tb.ip(i)}/tcp/{4100 + i}", "--upload-mbps", str(args.rate_mbit), "-v"]
                 procs.append(tb.popen(i, cmd, env=env, stdin=subprocess.PIPE, stdout=open(tmp / f"n{i}.log", "w"),
                                       stderr=subprocess.STDOUT))
             ids = {i: wait_line(tmp / f"n{i}.log", "peer ", p, 180) for i, p in zip(hosts, procs[1:])}
