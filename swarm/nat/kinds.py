@@ -71,9 +71,15 @@ def classify_mapping(local_ips: list[str], local_port: int, observations: list[O
         return NatVerdict(PUBLIC, f"{len(seen)} peers see our own address {shown}: no NAT in between")
     if len(views) == 1:
         ip, port = views[0]
-        kept = "the same port" if port == local_port else f"port {port} for our {local_port}"
-        return NatVerdict(EIM, f"{len(seen)} peers see us at {ip}:{port} ({kept}): endpoint-independent "
-                               "mapping, hole punching can work")
+        if port == local_port:
+            return NatVerdict(EIM, f"{len(seen)} peers see us at {ip}:{port} (the same port): endpoint-independent "
+                                   "mapping, hole punching can work")
+        # DCUtR advertises (router address : our listening port); a router that keeps ports maps
+        # ours elsewhere when another machine behind it holds that port towards the same peers.
+        return NatVerdict(EIM, f"{len(seen)} peers see us at {ip}:{port} (port {port} for our {local_port}): "
+                               "endpoint-independent mapping, but hole punches announce our own port, so they "
+                               f"can fail; if another machine behind this router listens on {local_port}, give "
+                               "this one another --listen port")
     return NatVerdict(SYMMETRIC, f"{len(seen)} peers see one local port at {len(views)} different public "
                                  f"addresses ({shown}): endpoint-dependent (symmetric) mapping, hole punching "
                                  "cannot predict the port")

@@ -36,6 +36,7 @@ def test_eim_when_two_observers_agree_on_a_foreign_address():
     assert v.kind == EIM and "same port" in v.reason
     v = classify_mapping(["192.168.1.2"], 4001, obs(("a", "203.0.113.7", 5555), ("b", "203.0.113.7", 5555)))
     assert v.kind == EIM and "port 5555 for our 4001" in v.reason
+    assert "another --listen port" in v.reason  # hole punches announce the listening port
 
 
 def test_symmetric_when_observers_see_different_ports_or_addresses():
