@@ -99,7 +99,8 @@ def test_validators_confirm_the_honest_and_catch_the_cheater():
         assert set(svc.admission.untrusted) == {"p-cheat"}
         work = svc.ledger.summary()
         assert work["p-honest"]["verified"] == {"validator": 1} and work["p-cheat"]["failed"] == {"validator": 1}
-        assert svc.coordinator.ledger[honest] == "completed" and svc.coordinator.ledger[cheat] == "pending"
+        assert svc.coordinator.ledger[honest] == "completed"
+        assert svc.coordinator.ledger[cheat] in ("pending", "leased")  # re-issued (maybe leased again already)
         assert all(j.request_id not in (honest, cheat) for j in jobs) and len(jobs) == 3  # 1 + a referee pair
         assert metrics["validator_groups"] == 2 and metrics["validator_failed"] == 1
 
