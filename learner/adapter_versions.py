@@ -17,6 +17,8 @@ class AdapterVersions:
             raise ValueError("keep at least one adapter version")
         self.keep = keep
         self.replies: dict[int, AdapterReply] = {}
+        #: Replaced replies, per version still kept (see :meth:`replace`).
+        self.published: dict[int, AdapterReply] = {}
 
     def __contains__(self, version: int) -> bool:
         return version in self.replies
@@ -26,11 +28,20 @@ class AdapterVersions:
         self.replies[reply.version] = reply
         for v in sorted(self.replies)[:-self.keep]:
             del self.replies[v]
+            self.published.pop(v, None)
 
     def replace(self, reply: AdapterReply) -> None:
-        """Serve ``reply`` for its version from now on, if that version is still kept."""
-        if reply.version in self.replies:
+        """Serve ``reply`` for its version from now on, if that version is still kept. The reply
+        it replaces stays known (:meth:`as_published`): a node that fetched that version directly
+        before the replacement holds it."""
+        old = self.replies.get(reply.version)
+        if old is not None:
             self.replies[reply.version] = reply
+            self.published.setdefault(reply.version, old)
+
+    def as_published(self, version: int) -> AdapterReply | None:
+        """The reply first published for ``version`` if another one replaced it, else ``None``."""
+        return self.published.get(version)
 
     def newest(self) -> int:
         """The newest version kept (0 before the first)."""

@@ -35,12 +35,16 @@ class LlamaCppReplay:
 
     def __init__(self, cfg: ReplayConfig, gguf_path: str | Path, sampling: SamplingDefaults, *,
                  numerics_of: Callable[[str], Numerics | None], adapter_of: Callable[[int], Any],
+                 first_published: Callable[[int], Any] = lambda version: None,
                  first_groups: int, build: str = "", gguf_sha256: str = "") -> None:
         self.cfg = cfg
         self.gguf_path = Path(gguf_path)
         self.sampling = sampling
         self.numerics_of = numerics_of
         self.adapter_of = adapter_of
+        #: The adapter first published for a version when the dissemination codec's decoded one
+        #: replaced it (what a node holds that fetched it directly in between), else None.
+        self.first_published = first_published
         self.build = build
         self.gguf_sha256 = gguf_sha256
         self.budget = ReplayBudget(cfg.budget_s_per_step, first_groups)
@@ -96,13 +100,15 @@ class LlamaCppReplay:
         self._contexts[key] = ctx
         return ctx
 
-    def replay(self, n: Numerics, group_id: str, prompt_ids: list[int], size: int, version: int) -> list:
-        """The group as the lease's seed makes it under ``n``: per completion (token ids, log-probs)."""
+    def replay(self, n: Numerics, group_id: str, prompt_ids: list[int], size: int, version: int,
+               adapter: Any = None) -> list:
+        """The group as the lease's seed makes it under ``n``: per completion (token ids, log-probs).
+        ``adapter``: replay with this adapter of ``version`` instead of the one served now."""
         from node_agents.backends.base import SamplingParams
 
         ctx = self._context(n)
-        if ctx.adapter_version != version:
-            ctx.set_adapter(self.adapter_of(version))
+        if adapter is not None or ctx.adapter_version != version:
+            ctx.set_adapter(adapter if adapter is not None else self.adapter_of(version))
         s = self.sampling
         params = SamplingParams(s.temperature, s.top_p, s.max_tokens, group_seed(s.seed, group_id))
         return [(c.token_ids, c.logprobs) for c in ctx.generate_group(list(prompt_ids), size, params)]
@@ -117,9 +123,14 @@ class LlamaCppReplay:
             if n is None:  # not chosen here and the peer is gone: nothing to replay against
                 out.append(None)
                 continue
+            pushed = [(c.token_ids, c.logprobs) for c in result.completions]
             got = self.replay(n, gid, prompt, len(result.completions), result.version)
-            reason = compare_group([(c.token_ids, c.logprobs) for c in result.completions], got,
-                                   self.cfg.max_logprob_diff)
+            reason = compare_group(pushed, got, self.cfg.max_logprob_diff)
+            first = self.first_published(result.version) if reason is not None else None
+            if first is not None:  # the node may have fetched the version before its codec round trip
+                got = self.replay(n, gid, prompt, len(result.completions), result.version, adapter=first)
+                reason = reason if compare_group(pushed, got, self.cfg.max_logprob_diff) is not None else None
+                self._context(n).set_adapter(self.adapter_of(result.version))  # the served one again
             elapsed = time.perf_counter() - t0
             self.budget.measured(elapsed)
             self.groups += 1
@@ -163,4 +174,5 @@ def build_replay(cfg, gguf_path: str | Path | None, versions, nodes: dict) -> Ll
 
     return LlamaCppReplay(cfg.replay, gguf_path, SamplingDefaults(t.temperature, t.top_p, t.max_tokens, t.seed),
                           numerics_of=declared, adapter_of=lambda v: versions.get(v).to_adapter(),
+                          first_published=lambda v: (r.to_adapter() if (r := versions.as_published(v)) else None),
                           first_groups=cfg.verify.first_groups)

@@ -66,3 +66,35 @@ def test_honest_groups_replay_exactly_and_cheats_are_caught(setup):
     m = replay.take_metrics()
     assert m["replay_groups"] == 5 and m["replay_failed"] == 3 and m["replay_s_per_group"] > 0
     assert replay.take_metrics()["replay_groups"] == 0
+
+
+def test_a_node_holding_the_first_published_adapter_of_a_version_is_not_flagged(setup):
+    """A node that fetched a version directly before the dissemination codec's decoded tensors
+    replaced it holds the first-published adapter: its honest group matches that one's replay
+    (tried only after a mismatch with the served one), and a cheat matches neither."""
+    from learner.replay_llamacpp import LlamaCppReplay
+
+    node, _replay, adapter = setup
+    rng = np.random.default_rng(1)
+    served = type(adapter)(1, adapter.rank, adapter.alpha, list(adapter.target_modules), {
+        k: (v + rng.normal(0, 0.02, v.shape)).astype(np.float32) if "lora_B" in k else v
+        for k, v in adapter.tensors.items()})  # stands for the codec's decoded tensors
+    numerics = numerics_of("llamacpp", node.numerics())
+    replay = LlamaCppReplay(ReplayConfig(), _replay.gguf_path, SamplingDefaults(1.0, 1.0, MAX_TOKENS, SEED),
+                            numerics_of=lambda peer: numerics, adapter_of=lambda v: served,
+                            first_published=lambda v: adapter, first_groups=2).open()
+    try:
+        prompt = node.tokenize("<|im_start|>user\nWhat is 9 + 14?<|im_end|>\n<|im_start|>assistant\n")
+        node.set_adapter(adapter)
+        honest = generate(node, prompt, "h0")
+        inserted = generate(node, prompt, "h1")
+        c = inserted.completions[0]
+        c.token_ids = c.token_ids[:1] + node.tokenize(" so we have", False, False)[:3] + c.token_ids[1:-3]
+        assert replay.check_groups([("p", g.group_id, prompt, g) for g in (honest, inserted)])[0] is None
+        reasons = replay.check_groups([("p", "h1", prompt, inserted)])
+        assert reasons[0] is not None and "leaves the replay" in reasons[0]
+        node.set_adapter(served)  # a node holding the served adapter still replays on the first try
+        assert replay.check_groups([("p", "h2", prompt, generate(node, prompt, "h2"))]) == [None]
+    finally:
+        node.set_adapter(adapter)
+        replay.close()
