@@ -31,13 +31,16 @@ def device_class(backend: str, device: str, extra: dict) -> str | None:
     """The class two nodes must share to replay each other exactly, or ``None`` when the node is
     not one validators serve (llama.cpp CPU: the learner replays it; unknown backends) or does
     not declare its build, precision and group layout (``extra["build"]``, ``extra["dtype"]``,
-    ``extra["max_group"]``, as the torch and MLX backends' capabilities do)."""
+    ``extra["max_group"]``, as the torch and MLX backends' capabilities do); a CPU torch node's
+    ``extra["threads"]`` joins the class too."""
     if backend not in VALIDATED_BACKENDS or not isinstance(extra, dict):
         return None
-    build, dtype, group = (str(extra.get(k, "")) for k in ("build", "dtype", "max_group"))
-    if not build or not dtype or not device or not group.isdigit():
+    build, dtype, group, threads = (str(extra.get(k, "")) for k in ("build", "dtype", "max_group", "threads"))
+    if not build or not dtype or not device or not group.isdigit() or (threads and not threads.isdigit()):
         return None
-    return "|".join(s[:256] for s in (backend, build, device, dtype, group))
+    # a CPU node's thread count (``extra["threads"]``) is part of its class: measured on torch fp32
+    # CPU, 1 against 2 threads changed 2 of 32 completions (``bench/validator_agreement.py``)
+    return "|".join(s[:256] for s in (backend, build, device, dtype, group) + ((threads[:8],) if threads else ()))
 
 
 def pick_validator(classes: dict[str, str | None], producer: str, excluded: set[str], rng: random.Random) -> str | None:

@@ -108,7 +108,9 @@ class TorchBackend:
             backend=self.name, device=device, memory_bytes=int(memory),
             tokens_per_s=float(self.measured_tokens_per_s),
             extra={**hw.extra(), "model": self.model_dir.name, "torch_device": self.device,
-                   "dtype": self.dtype, "max_group": str(self.max_group), "build": torch_build()},
+                   "dtype": self.dtype, "max_group": str(self.max_group), "build": torch_build(),
+                   # on a CPU the thread count changes the sums' order, hence tokens (validator class)
+                   **({"threads": str(self._torch.get_num_threads())} if self.device == "cpu" else {})},
         )
 
     @property

@@ -22,6 +22,9 @@ def test_device_class_needs_a_validated_backend_a_build_and_a_precision():
     assert device_class("torch", "", EXTRA) is None
     assert device_class("torch", "x", "not a dict") is None
     assert device_class("torch", "NVIDIA RTX 4090", EXTRA) != device_class("torch", "NVIDIA RTX 3090", EXTRA)
+    cpu = device_class("torch", "cpu (2 cores)", {**EXTRA, "threads": "1"})
+    assert cpu.endswith("|1") and cpu != device_class("torch", "cpu (2 cores)", {**EXTRA, "threads": "2"})
+    assert device_class("torch", "cpu (2 cores)", {**EXTRA, "threads": "x"}) is None
 
 
 def test_a_validator_is_a_random_other_peer_of_the_same_class():
