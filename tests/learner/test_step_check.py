@@ -133,3 +133,22 @@ def test_the_in_step_setting_is_documented_and_on_by_default():
 
     assert VerifyConfig().in_step is True
     assert LearnerConfig().verify.in_step
+
+
+def test_checks_that_pass_change_nothing_the_step_trains(tmp_path):
+    """With one minibatch (the same groups in one update either way), steps whose checks all pass
+    leave exactly the adapter that the same steps without checks leave: the check reads the
+    forward, it does not alter it. (With several minibatches the checked groups lead the first,
+    which can put other groups together in the later updates than without checks.)"""
+    import torch
+
+    kw = dict(loss="ppo_clip", minibatches=1, micro_batch=3, lr=1e-2)
+    plain, checked = tiny_trainer(tmp_path / "plain", **kw), tiny_trainer(tmp_path / "checked", **kw)
+    for _ in range(3):
+        plain.train_step(batch())
+        seen: dict = {}
+        checked.train_step(batch(), checks=StepChecks([GroupCheck(g, 3, recorder({}, seen)(g), frozenset({g}))
+                                                        for g in ("g1", "g2")]))
+        assert set(seen) == {"g1", "g2"}
+    for p, q in zip(plain.params, checked.params):
+        assert torch.equal(p, q)
