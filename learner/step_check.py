@@ -55,8 +55,6 @@ class GroupCheck:
     size: int
     #: The verdict on the group's scored completions: the failure reason, or ``None``.
     judge: Callable[[list[Scored]], str | None]
-    #: Groups that may be trained only if this one passes (the held push's, itself included).
-    dependents: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -66,8 +64,6 @@ class StepChecks:
     checks: list[GroupCheck]
     #: group id -> failure reason, for every checked group that failed.
     failed: dict[str, str] = field(default_factory=dict)
-    #: Groups not to train (the dependents of failed checks).
-    excluded: set[str] = field(default_factory=set)
     #: Checks judged (passed or failed), and how many of them ran on the training forward.
     judged: int = 0
     fused: int = 0
@@ -97,10 +93,6 @@ class StepChecks:
             return None
         return check
 
-    def keep(self, mb: Sequence[Any]) -> list[Any]:
-        """The samples of ``mb`` still to be trained."""
-        return [s for s in mb if getattr(s, "group_id", "") not in self.excluded]
-
     def judge(self, check: GroupCheck, scored: list[Scored], *, fused: bool, started: float) -> bool:
         """Record the verdict on ``check``'s group; returns whether it passed. ``started``: the
         ``time.perf_counter()`` when the check's own work began."""
@@ -110,7 +102,6 @@ class StepChecks:
         self.fused += int(fused)
         if reason is not None:
             self.failed[check.group_id] = reason
-            self.excluded |= set(check.dependents) | {check.group_id}
         self.seconds += time.perf_counter() - started
         return reason is None
 

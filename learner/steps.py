@@ -159,8 +159,7 @@ def _step_checks(queue, deferred: list) -> StepChecks | None:
     if not deferred:
         return None
     v = queue.verifier
-    return StepChecks([GroupCheck(gid, len(result.completions), partial(v.judge_scored, item.peer_id, item.backend, result),
-                                  frozenset(item.completions) | {gid})
+    return StepChecks([GroupCheck(gid, len(result.completions), partial(v.judge_scored, item.peer_id, item.backend, result))
                        for item in deferred for gid, _prompt, result in item.picked])
 
 

@@ -227,7 +227,7 @@ class Trainer:
     def train_step(self, batch: Sequence[Any], checks: StepChecks | None = None) -> dict[str, float]:
         """``train.minibatches`` optimizer steps on ``batch`` (a GRPO batch of samples with
         advantages); returns token-weighted stats over the whole batch. ``checks``: groups to
-        verify on this step's own forward before they (and their dependents) are trained
+        verify on this step's own forward before anything is trained
         (:mod:`learner.step_check`; one rank only)."""
         if not batch:
             raise ValueError("empty batch")
@@ -281,8 +281,7 @@ class Trainer:
                 continue
             rows = [s for s in first if getattr(s, "group_id", "") == c.group_id]
             t = time.perf_counter()
-            if not rows:  # not in this rank's batch: nothing to score, nothing trained
-                checks.excluded |= set(c.dependents)
+            if not rows:  # not in this batch: nothing to score
                 continue
             stats = self.token_stats(rows[0].prompt_ids, [s.completion_ids for s in rows], self.train.temperature)
             checks.judge(c, as_scored(stats), fused=False, started=t)
@@ -311,8 +310,6 @@ class Trainer:
             check = checks.whole(mb) if checks is not None else None
             if check is None and checks is not None and checks.failed:
                 self._abandon(checks)  # every check is judged: they lead the first minibatch
-            if checks is not None and not (mb := checks.keep(mb)):
-                continue  # a failed push's groups: never trained
             keep: list | None = [] if check is not None else None
             logp, tens = self._logprobs_of(mb, keep=keep)  # [n, T]
             if check is not None:  # verified on this forward (learner/step_check.py)

@@ -81,8 +81,8 @@ def test_in_step_scores_are_the_separate_passes_and_cost_no_extra_forward(tmp_pa
     n_checked = count_forwards(trainer)
     seen: dict = {}
     make = recorder({}, seen)
-    checks = StepChecks([GroupCheck("g1", 3, make("g1"), frozenset({"g1", "g3"})),
-                         GroupCheck("g2", 3, make("g2"), frozenset({"g2"}))])
+    checks = StepChecks([GroupCheck("g1", 3, make("g1")),
+                         GroupCheck("g2", 3, make("g2"))])
     st = trainer.train_step(batch(), checks=checks)
     assert checks.judged == 2 and checks.fused == 2 and not checks.failed
     assert n_checked[0] == n_plain[0]  # one forward per micro-batch, checks included
@@ -103,9 +103,9 @@ def test_a_failed_check_abandons_the_step_before_any_update(tmp_path):
     before = [p.detach().clone() for p in trainer.params]
     seen: dict = {}
     make = recorder({"g1": "made up", "g2": "greedy"}, seen)
-    checks = StepChecks([GroupCheck("g1", 3, make("g1"), frozenset({"g1", "g3"})),
-                         GroupCheck("g2", 3, make("g2"), frozenset({"g2"})),
-                         GroupCheck("g0", 3, make("g0"), frozenset({"g0"}))])
+    checks = StepChecks([GroupCheck("g1", 3, make("g1")),
+                         GroupCheck("g2", 3, make("g2")),
+                         GroupCheck("g0", 3, make("g0"))])
     with pytest.raises(ChecksFailed) as info:
         trainer.train_step(batch(), checks=checks)
     assert info.value.failed == {"g1": "made up", "g2": "greedy"}
@@ -123,7 +123,7 @@ def test_a_check_whose_group_spans_micro_batches_runs_its_own_pass(tmp_path):
     token_stats before the update (same verdict path, counted as not fused)."""
     trainer = tiny_trainer(tmp_path, loss="ppo_clip", minibatches=1, micro_batch=2, lr=1e-2)
     seen: dict = {}
-    checks = StepChecks([GroupCheck("g0", 3, recorder({}, seen)("g0"), frozenset({"g0"}))])
+    checks = StepChecks([GroupCheck("g0", 3, recorder({}, seen)("g0"))])
     trainer.train_step(batch(), checks=checks)
     assert checks.judged == 1 and checks.fused == 0 and len(seen["g0"]) == 3
 
@@ -147,7 +147,7 @@ def test_checks_that_pass_change_nothing_the_step_trains(tmp_path):
     for _ in range(3):
         plain.train_step(batch())
         seen: dict = {}
-        checked.train_step(batch(), checks=StepChecks([GroupCheck(g, 3, recorder({}, seen)(g), frozenset({g}))
+        checked.train_step(batch(), checks=StepChecks([GroupCheck(g, 3, recorder({}, seen)(g))
                                                         for g in ("g1", "g2")]))
         assert set(seen) == {"g1", "g2"}
     for p, q in zip(plain.params, checked.params):
