@@ -5,7 +5,10 @@ py-libp2p facts relied on (0.8.x): ``host.connect`` stores the peer's addresses 
 peerstore with a 120 s TTL, and the swarm re-dials from the peerstore when a stream is opened
 to an unconnected peer; the addresses are re-added here with a long TTL so a peer that
 restarts can be re-dialled much later. An unsupported protocol surfaces as ``StreamFailure``
-caused by ``MultiselectClientError``.
+caused by ``MultiselectClientError``. ``host.connect`` returns at once while the swarm lists any
+connection to the peer, even one already closed, and a closed one is left listed when its close
+began elsewhere (its second ``close()`` returns early); such a connection makes every later
+stream fail with "no valid connections", so closed ones are dropped from the list before dialling.
 """
 
 from __future__ import annotations
@@ -28,6 +31,17 @@ def _is_protocol_refusal(exc: BaseException) -> bool:
 
     cause = exc.__cause__
     return isinstance(cause, MultiselectClientError) and "not supported" in str(cause)
+
+
+def forget_closed(network: Any, pid: Any) -> int:
+    """Drop ``pid``'s closed connections from py-libp2p's swarm list (see the module); returns how many."""
+    closed = [c for c in network.get_connections(pid) if getattr(c, "is_closed", False)]
+    for conn in closed:
+        try:
+            network.remove_conn(conn)
+        except Exception as e:
+            log.debug("could not forget a closed connection to %s: %s", pid, e)
+    return len(closed)
 
 
 class Dialing:
@@ -55,6 +69,7 @@ class Dialing:
         from libp2p.peer.peerinfo import PeerInfo
 
         addrs = self._known_addrs.get(pid.to_base58(), [])
+        forget_closed(self.libp2p_host.get_network(), pid)
         try:
             with trio.fail_after(self.config.dial_timeout_s):
                 await self.libp2p_host.connect(PeerInfo(pid, addrs))
@@ -72,6 +87,7 @@ class Dialing:
 
         network = self.libp2p_host.get_network()
         for attempt in (1, 2):
+            forget_closed(network, pid)
             tried = list(network.get_connections(pid))
             try:
                 return await self.libp2p_host.new_stream(pid, [TProtocol(protocol_id)])

@@ -187,6 +187,26 @@ def test_redial_after_peer_restart(tmp_path: Path) -> None:
     run(body)
 
 
+def test_a_closed_connection_left_listed_does_not_block_requests(tmp_path: Path) -> None:
+    """py-libp2p may keep a connection whose close began elsewhere in its list; its host.connect then
+    returns at once and every stream fails with 'no valid connections' unless the host drops it."""
+    async def body() -> None:
+        async with pair(tmp_path) as (client, _server, peer):
+            from libp2p.peer.id import ID
+
+            network = client.libp2p_host.get_network()
+            conns = network.get_connections(ID.from_base58(peer))
+            assert conns
+            for conn in conns:
+                conn.event_closed.set()  # closed, yet still listed, as after a close begun elsewhere
+            assert network.get_connections(ID.from_base58(peer))
+            for _ in range(3):
+                await assert_hello_works(client, peer)
+            assert all(not c.is_closed for c in network.get_connections(ID.from_base58(peer)))
+
+    run(body)
+
+
 def test_unreachable_and_unsupported(tmp_path: Path) -> None:
     async def body() -> None:
         async with open_host(tmp_path / "ghost") as ghost:
