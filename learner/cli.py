@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--nodes", type=int, default=2, help="number of swarm-node processes")
     de.add_argument("--backends", default="", metavar="LIST",
                     help="comma-separated node backends, one node each, e.g. llamacpp,torch,mlx (overrides --nodes)")
+    de.add_argument("--node-threads", default="", metavar="LIST",
+                    help="comma-separated CPU threads, one entry per node, e.g. 1,2 (default: the cores shared evenly)")
     de.add_argument("--pipeline", action="store_true",
                     help="instead of --nodes/--backends: three torch nodes whose --max-memory caps are too small "
                          "for the model (the learner forms one 3-stage pipeline of them) and one llama.cpp node")
@@ -112,6 +114,21 @@ def dashboard_overrides(args) -> list[str]:
     return shortcut_overrides(args, DASHBOARD_FLAGS)
 
 
+def parse_node_threads(text: str, n_nodes: int) -> list[int] | None:
+    """``--node-threads``: one positive thread count per node (None when not given)."""
+    if not text.strip():
+        return None
+    try:
+        threads = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--node-threads: expected comma-separated integers, got {text!r}") from None
+    if len(threads) != n_nodes:
+        raise ConfigError(f"--node-threads: {len(threads)} entries for {n_nodes} node(s); give one per node")
+    if any(t < 1 for t in threads):
+        raise ConfigError(f"--node-threads: thread counts must be >= 1, got {text!r}")
+    return threads
+
+
 def _default_run_dir(prefix: str) -> Path:
     return Path("runs") / f"{prefix}{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -153,11 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(backends) - {"llamacpp", "torch", "mlx", "auto"})
         if unknown:
             raise ConfigError(f"--backends: unknown backend(s) {', '.join(unknown)} (llamacpp, torch, mlx, auto)")
+        threads = parse_node_threads(args.node_threads, len(backends) or args.nodes)
         if args.pipeline:
-            if backends:
-                raise ConfigError("--pipeline picks the nodes itself; leave out --backends")
+            if backends or threads:
+                raise ConfigError("--pipeline picks the nodes itself; leave out --backends and --node-threads")
             return run_pipeline_demo(cfg, args.run_dir or _default_run_dir("demo-pipeline-"))
-        return run_demo(cfg, args.nodes, args.run_dir or _default_run_dir("demo-"), backends or None)
+        return run_demo(cfg, args.nodes, args.run_dir or _default_run_dir("demo-"), backends or None,
+                        node_threads=threads)
     except ConfigError as e:
         print(f"swarm-learner: config error: {e}", file=sys.stderr)
         return 2

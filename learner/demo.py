@@ -55,8 +55,9 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
 
 def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None,
              node_cpus: set[int] | None = None, extra_args: list[list[str]] | None = None,
-             on_learner=None) -> int:
-    """``backends``: one node per entry with that backend (overrides ``n_nodes``); the learner
+             on_learner=None, node_threads: list[int] | None = None) -> int:
+    """``node_threads``: each node's CPU threads (default: the cores shared evenly).
+    ``backends``: one node per entry with that backend (overrides ``n_nodes``); the learner
     then holds back the first lease until all of them wait for work, so each one contributes.
     ``node_cpus``: pin every node process to these CPUs (``os.sched_setaffinity`` right after
     it starts, before it makes threads) and size the nodes' threads to them, not to all cores.
@@ -74,7 +75,7 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
     run_dir = Path(run_dir)
     (run_dir / "nodes").mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
-    node_threads = max(1, (len(node_cpus) if node_cpus else cores) // n_nodes)
+    even_threads = max(1, (len(node_cpus) if node_cpus else cores) // n_nodes)
     if cfg.train.torch_threads == 0:
         cfg.train.torch_threads = cores
     # every node gets the learner's model in its own backend's format (an HF directory is
@@ -104,7 +105,8 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
                 name = f"node-{i}-{backend}" if backend else f"node-{i}"
                 log = open(run_dir / "nodes" / f"{name}.log", "w")
                 logs.append(log)
-                cmd = node_command(addrs[0], run_dir / "nodes" / name, node_threads, name, node_model, backend)
+                threads = node_threads[i] if node_threads else even_threads
+                cmd = node_command(addrs[0], run_dir / "nodes" / name, threads, name, node_model, backend)
                 cmd += extra_args[i] if extra_args else []
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
                 if node_cpus:

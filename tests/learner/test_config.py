@@ -100,3 +100,14 @@ def test_node_join_flags_build_the_node_config():
         shortcut_values(node_parser().parse_args(["join", "--max-memory", "lots"]), JOIN_FLAGS)
     with pytest.raises(SystemExit):
         node_parser().parse_args(["join", "--quant", "q2"])
+
+
+def test_demo_node_threads_one_positive_count_per_node():
+    from learner.cli import parse_node_threads
+
+    assert parse_node_threads("", 2) is None
+    assert parse_node_threads("1,2", 2) == [1, 2]
+    assert build_parser().parse_args(["demo", "--node-threads", "1,2"]).node_threads == "1,2"
+    for bad, n in (("1", 2), ("1,x", 2), ("0,2", 2), ("1,2,3", 2)):
+        with pytest.raises(ConfigError, match="--node-threads"):
+            parse_node_threads(bad, n)
