@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import trio
 
-from learner.replay import compare_group
+from learner.replay import ReplayBudget, compare_group
 from learner.validators import blind_request, pick_validator, referee
 from learner.work_desk import SamplingDefaults
 from swarm.config import ConfigError
@@ -65,6 +65,14 @@ class ValidatorConfig:
     max_logprob_diff: float = 1e-3
     #: Most jobs waiting for one validator's next work request (more: the group falls back).
     max_jobs_per_peer: int = 4
+    #: Seconds per learner step, on average, that verification may spend waiting on validators
+    #: beyond each node's first ``first_groups`` (0 = no limit): a picked group goes to a validator
+    #: while there is credit and is charged the measured wait of the last one; otherwise it gets the
+    #: statistical check. Keeps validators' time (replays instead of rollouts) and the verify
+    #: worker's waits bounded per step, as ``replay.budget_s_per_step`` bounds the learner's replays.
+    budget_s_per_step: float = 30.0
+    #: A node's first picked groups that always go to a validator (never charged to the budget).
+    first_groups: int = 1
 
     def validate(self) -> None:
         if not (self.deadline_s > 0 and math.isfinite(self.deadline_s)):
@@ -73,6 +81,10 @@ class ValidatorConfig:
             raise ConfigError(f"validators.max_logprob_diff must be >= 0, got {self.max_logprob_diff}")
         if self.max_jobs_per_peer < 1:
             raise ConfigError("validators.max_jobs_per_peer must be >= 1")
+        if not (self.budget_s_per_step >= 0 and math.isfinite(self.budget_s_per_step)):
+            raise ConfigError(f"validators.budget_s_per_step must be >= 0, got {self.budget_s_per_step}")
+        if self.first_groups < 0:
+            raise ConfigError(f"validators.first_groups must be >= 0, got {self.first_groups}")
 
 
 @dataclass
@@ -103,14 +115,19 @@ class ValidatorDesk:
         self.counts = dict.fromkeys(("groups", "failed", "fallback", "disagreements", "inconclusive", "untrusted"), 0)
         self.spent_s = 0.0
         self.total = dict(self.counts)
+        #: Seconds of validator waits per step (``budget_s_per_step``; the replay's accounting).
+        self.budget = ReplayBudget(cfg.budget_s_per_step, cfg.first_groups)
 
     # -- the verify queue's side ----------------------------------------------------------------
     def choose(self, peer_id: str, result: Any) -> bool:
         """Whether a picked group of ``peer_id`` goes to a validator: single turn, and another live
-        node shares the producer's class."""
+        node shares the producer's class, and the per-step budget allows it (a node's first groups
+        always)."""
         if not self.cfg.enabled or any(c.mask for c in result.completions):
             return False
-        return pick_validator(self.classes(), peer_id, set(), random.Random(0)) is not None
+        if pick_validator(self.classes(), peer_id, set(), random.Random(0)) is None:
+            return False
+        return self.budget.allow(peer_id)
 
     async def check_all(self, items: list[tuple[str, str, list[int], Any]]) -> dict[str, str | None]:
         """:meth:`check` of each (producer, group id, prompt ids, pushed ``GroupResult``), together;
@@ -132,7 +149,9 @@ class ValidatorDesk:
         try:
             verdict = await self._check(producer, group_id, prompt_ids, result)
         finally:
-            self.spent_s += time.perf_counter() - t0
+            waited = time.perf_counter() - t0
+            self.spent_s += waited
+            self.budget.measured(waited)
         key = "fallback" if verdict == FALLBACK else "groups"
         self._count(key)
         if verdict not in (None, FALLBACK):
@@ -235,9 +254,13 @@ class ValidatorDesk:
     def take_metrics(self) -> dict[str, float]:
         """This step's figures: ``validator_groups`` (decided by validators), ``validator_failed``,
         ``validator_fallback``, ``validator_disagreements``, ``validator_inconclusive``,
-        ``validator_untrusted`` and ``validator_s`` (seconds waited, summed over groups)."""
+        ``validator_untrusted``, ``validator_s`` (seconds waited, summed over groups) and
+        ``validator_budget_s`` (the budget's credit left for the next step); starts the next
+        step's budget."""
         out: dict[str, float] = {f"validator_{k}": v for k, v in self.counts.items()}
         out["validator_s"] = round(self.spent_s, 3)
+        self.budget.new_step()
+        out["validator_budget_s"] = round(self.budget.credit, 3) if self.budget.credit is not None else 0.0
         self.counts = dict.fromkeys(self.counts, 0)
         self.spent_s = 0.0
         return out

@@ -108,6 +108,8 @@ class VerifyQueue:
         self._added = trio.Event()
         self.closed = False
         self._scope: trio.CancelScope | None = None
+        #: Held while a batch is scored in a worker thread (batches waiting on validators run beside).
+        self._scoring = trio.Lock()
         #: Per peer, its newest check not yet finished (queued, in progress or deferred).
         self.last: dict[str, PendingCheck] = {}
         #: Checks left to the training step that will train their groups (``verify.in_step``):
@@ -254,14 +256,25 @@ class VerifyQueue:
             self._scope = scope
             if self.closed:
                 return
-            while True:
-                batch = [await self._get()] + self._drain()
-                try:
-                    await self.check_batch(batch)
-                finally:
-                    for item in batch:
-                        if self.last.get(item.peer_id) is item:
-                            del self.last[item.peer_id]
+            async with trio.open_nursery() as nursery:
+                while True:
+                    batch = [await self._get()] + self._drain()
+                    # a push waiting on validator nodes (up to ``validators.deadline_s``) is checked
+                    # beside the worker, so the other nodes' pushes are not held up behind it
+                    waiting = [item for item in batch if item.validated]
+                    if waiting:
+                        nursery.start_soon(self._check_then_forget, waiting)
+                    now = [item for item in batch if not item.validated]
+                    if now:
+                        await self._check_then_forget(now)
+
+    async def _check_then_forget(self, batch: list[PendingCheck]) -> None:
+        try:
+            await self.check_batch(batch)
+        finally:
+            for item in batch:
+                if self.last.get(item.peer_id) is item:
+                    del self.last[item.peer_id]
 
     async def _validate(self, live: list[PendingCheck]) -> dict[str, str | None]:
         """The verdicts of validator nodes on the groups of ``live`` sent to them (group id ->
@@ -286,7 +299,8 @@ class VerifyQueue:
             return
         try:
             decided = await self._validate(live)
-            reasons = await trio.to_thread.run_sync(self._verdicts, live, work, decided, abandon_on_cancel=True)
+            async with self._scoring:  # one scoring pass at a time (the verifier's and replay's models)
+                reasons = await trio.to_thread.run_sync(self._verdicts, live, work, decided, abandon_on_cancel=True)
         except Exception:
             log.exception("could not verify %d group(s) of %d push(es)", len(work), len(live))
             for item in live:

@@ -190,3 +190,27 @@ def test_a_validator_error_falls_back_and_the_config_is_checked():
     for bad in (dict(deadline_s=0), dict(max_logprob_diff=float("nan")), dict(max_jobs_per_peer=0)):
         with pytest.raises(ConfigError):
             ValidatorConfig(**bad).validate()
+
+
+def test_validator_waits_are_bounded_per_step_by_the_budget():
+    """A node's first group always goes to a validator; later ones while the step's credit lasts,
+    each charged the last measured wait; a new step adds credit (never more than one step's)."""
+    desk = ValidatorDesk(ValidatorConfig(budget_s_per_step=10.0, first_groups=1), SAMPLING,
+                         classes=lambda: CLASSES, untrust=lambda p, why: None, wake=lambda: None)
+    g = group(HONEST)
+    assert desk.choose("p", g)  # first group: always, never charged
+    desk.budget.measured(25.0)  # one validator wait took 25 s
+    assert desk.choose("p", g)  # credit 10 > 0: sent, leaves a debt of 15
+    assert not desk.choose("p", g)
+    assert desk.take_metrics()["validator_budget_s"] == -5.0  # one step's credit pays part of the debt
+    assert not desk.choose("p", g)
+    desk.take_metrics()
+    assert desk.choose("p", g)
+    unlimited = ValidatorDesk(ValidatorConfig(budget_s_per_step=0.0, first_groups=0), SAMPLING,
+                              classes=lambda: CLASSES, untrust=lambda p, why: None, wake=lambda: None)
+    unlimited.budget.measured(1000.0)
+    assert all(unlimited.choose("p", g) for _ in range(5))
+    with pytest.raises(ConfigError, match="budget_s_per_step"):
+        ValidatorConfig(budget_s_per_step=float("inf")).validate()
+    with pytest.raises(ConfigError, match="first_groups"):
+        ValidatorConfig(first_groups=-1).validate()

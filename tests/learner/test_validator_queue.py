@@ -143,3 +143,31 @@ def test_a_validator_that_never_asks_for_work_times_out_to_rescoring():
         assert not (await svc.on_validate(ValidateResult("late", []), "v-silent")).accepted  # late or unknown
 
     trio.run(main)
+
+
+def test_a_push_waiting_on_a_validator_does_not_hold_up_other_pushes():
+    """The validator never answers (its job waits ``deadline_s``); meanwhile another class's push is
+    checked and released by the verify worker."""
+    async def main():
+        svc = setup(ValidatorConfig(deadline_s=5.0))
+        await hello(svc, "p")
+        await hello(svc, "v-silent")
+        await hello(svc, "llama", backend="llamacpp", extra={})
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(svc.verify_loop)
+            await push(svc, "p", HONEST)
+            await trio.sleep(0.1)  # the worker is now waiting on the silent validator
+            await push(svc, "llama", HONEST)
+            with trio.fail_after(3):  # well before the validator's deadline
+                while not svc.ledger.summary().get("llama", {}).get("verified"):
+                    await trio.sleep(0.01)
+            assert not svc.ledger.summary().get("p", {}).get("verified")
+            with trio.fail_after(20):
+                while not svc.ledger.summary().get("p", {}).get("verified"):
+                    await trio.sleep(0.01)
+            svc.finish()
+            nursery.cancel_scope.cancel()
+        assert svc.ledger.summary()["llama"]["verified"] == {"stats": 1}
+        assert svc.ledger.summary()["p"]["verified"] == {"stats": 1}
+
+    trio.run(main)
