@@ -1,5 +1,5 @@
-"""Validators with real processes: ``swarm-node`` torch processes on a tiny random Qwen3 (an HF
-directory, so the learner has no GGUF and cannot replay them itself) over real libp2p against an
+"""Validators with real processes: ``swarm-node`` torch (and, for the honest pair, MLX) processes
+on a tiny random Qwen3 (an HF directory, so the learner has no GGUF and cannot replay them itself) over real libp2p against an
 in-process learner. A picked group is replayed by another torch node of the same declared class
 (``learner/validator_desk.py``), handed out through its work long poll: an honest producer is
 confirmed by its validator; a cheating producer (greedy text with the policy's true log-probs,
@@ -27,8 +27,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CHEAT = Path(__file__).with_name("cheat_node.py")
 
 
-def run(tmp_path: Path, nodes: list[tuple[str, str | None]], *extra: str, seconds: float = 900) -> dict:
-    """The learner in this process and ``nodes`` (name, cheat mode or None) as torch node processes."""
+def run(tmp_path: Path, nodes: list[tuple[str, str | None]], *extra: str, seconds: float = 900,
+        backend: str = "torch") -> dict:
+    """The learner in this process and ``nodes`` (name, cheat mode or None) as node processes of
+    ``backend`` (torch or mlx: MLX's CPU build here, the same code path as on Apple Silicon)."""
     from bench.make_model import make_model
 
     model = make_model("qwen3", tmp_path / "qwen3-tiny", "tiny", seed=2)
@@ -47,7 +49,7 @@ def run(tmp_path: Path, nodes: list[tuple[str, str | None]], *extra: str, second
                     cfg, tmp_path / "run", console=lambda s: None,
                     on_service=lambda svc: seen.setdefault("svc", svc), task_status=task_status))
                 for name, mode in nodes:
-                    cmd = node_command(addrs[0], tmp_path / name, 1, name, str(model), "torch") + ["--no-probe", "-v"]
+                    cmd = node_command(addrs[0], tmp_path / name, 1, name, str(model), backend) + ["--no-probe", "-v"]
                     if mode is not None:
                         cmd = [sys.executable, str(CHEAT), mode] + cmd[3:]
                     log = open(tmp_path / f"{name}.log", "w")
@@ -71,8 +73,9 @@ def figures(out: dict) -> dict:
 
 
 @pytest.mark.timeout(1200)
-def test_an_honest_producer_is_confirmed_by_its_validator(tmp_path):
-    out = run(tmp_path, [("a", None), ("b", None)])
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_an_honest_producer_is_confirmed_by_its_validator(tmp_path, backend):
+    out = run(tmp_path, [("a", None), ("b", None)], backend=backend)
     svc, work, peer_of = out["svc"], out["work"], out["peer_of"]
     assert [r["step"] for r in out["rows"]] == [1], out["logs"]
     assert not svc.admission.untrusted
@@ -80,7 +83,7 @@ def test_an_honest_producer_is_confirmed_by_its_validator(tmp_path):
         assert work[p]["verified"].get("validator", 0) >= 1 and work[p]["failed"] == {}, (name, work[p])
         assert "validation job" in out["logs"][name]  # each replayed the other's group
     f = figures(out)
-    print("validators:", f, "ledger:", {n: work[p]["verified"] for n, p in peer_of.items()})
+    print(backend, "validators:", f, "ledger:", {n: work[p]["verified"] for n, p in peer_of.items()})
     assert f["groups"] >= 2 and f["failed"] == 0 and f["disagreements"] == 0  # measured: none on one class
 
 
