@@ -86,7 +86,7 @@ def run_swarm(tmp_path: Path, attack: bool) -> dict:
 
     try:
         procs["learner"] = start([sys.executable, "-m", "learner.cli", "launch", "--config", str(cfg), "--run-dir",
-                                  str(run_dir), "--no-dashboard", "--set", 'network.listen="/ip4/127.0.0.1/tcp/0"'],
+                                  str(run_dir), "--data-dir", str(run_dir.parent / "learner-data"), "--no-dashboard", "--set", 'network.listen="/ip4/127.0.0.1/tcp/0"'],
                                  logs["learner"])
         procs["stage"] = start([sys.executable, str(HERE / "amplify_peer.py"), "stage", str(tmp_path)], logs["stage"])
         learner_addr = wait_for(lambda: log_match(logs["learner"], r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)"), 300,

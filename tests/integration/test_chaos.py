@@ -34,7 +34,8 @@ def free_port() -> int:
 
 def learner_cmd(cfg: Path, run_dir: Path, port: int, resume: bool) -> list[str]:
     return [sys.executable, "-m", "learner.cli", "launch", "--config", str(cfg), "--run-dir", str(run_dir),
-            "--no-dashboard", "--set", f'network.listen="/ip4/127.0.0.1/tcp/{port}"'] + (["--resume"] if resume else [])
+            "--data-dir", str(run_dir.parent / "learner-data"), "--no-dashboard",  # the same key across restarts
+            "--set", f'network.listen="/ip4/127.0.0.1/tcp/{port}"'] + (["--resume"] if resume else [])
 
 
 def rows_of(run_dir: Path) -> list[dict]:

@@ -51,7 +51,7 @@ def run_swarm(tmp: Path, sybils: bool) -> dict:
 
     try:
         procs["learner"] = start([sys.executable, "-m", "learner.cli", "launch", "--config", str(cfg), "--run-dir",
-                                  str(run_dir), "--no-dashboard", "--set", 'network.listen="/ip4/127.0.0.1/tcp/0"'],
+                                  str(run_dir), "--data-dir", str(tmp / "learner-data"), "--no-dashboard", "--set", 'network.listen="/ip4/127.0.0.1/tcp/0"'],
                                  logs["learner"])
         addr = wait_for(lambda: log_match(logs["learner"], r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)"), 300,
                         "the learner to listen", [procs["learner"]]).group(1)
