@@ -30,6 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swarm.membership import TicketIssuer
+from swarm.proto.membership import MembershipTicket
+
 #: File name of the join-token secret inside the learner's key directory.
 SECRET_FILE = "join_token.key"
 #: Retry hint (s) sent to a peer refused for good (untrusted): effectively "do not come back".
@@ -231,13 +234,16 @@ def build_admission(network_cfg, key_dir: Path) -> Admission:
 class ReadAccess:
     """Who may read the run's model, adapters, manifests and member addresses, asked by the model
     server and the dissemination before they answer: :meth:`Admission.read_refusal` over the peers
-    that said hello (``said_hello``). Without an admission (harnesses) everyone may."""
+    that said hello (``said_hello``). Without an admission (harnesses) everyone may. In a private
+    run it also issues the membership tickets (:meth:`ticket`) that admitted peers show to nodes."""
 
     def __init__(self, admission: Admission | None, said_hello: Callable[[str], bool],
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, issuer: TicketIssuer | None = None) -> None:
         self.admission = admission
         self.said_hello = said_hello
         self.wall_clock = wall_clock
+        #: Signs membership tickets of the run (``swarm.membership``; None: none are issued).
+        self.issuer = issuer
 
     @property
     def private(self) -> bool:
@@ -255,3 +261,10 @@ class ReadAccess:
     def show_token(self, peer_id: str, token: str) -> None:
         if self.admission is not None and token:
             self.admission.show_token(peer_id, token, self.wall_clock())
+
+    def ticket(self, peer_id: str) -> MembershipTicket | None:
+        """A fresh membership ticket for ``peer_id`` if the run is private and it may read (None:
+        an open run, no issuer, or a refused peer)."""
+        if not self.private or self.issuer is None or self.refusal(peer_id) is not None:
+            return None
+        return self.issuer.issue(peer_id, self.wall_clock())

@@ -45,6 +45,7 @@ from learner.web.server import start_learner_dashboard
 from swarm.config import dump_toml, to_dict
 from swarm.discovery.dht import open_discovery
 from swarm.host import HostConfig, open_host
+from swarm.membership import TicketIssuer
 from swarm.nat.service import NatService
 from swarm.proto.adapter import AdapterReply
 
@@ -134,7 +135,8 @@ async def run_learner(
                          announce=cfg.network.announce) as host, open_discovery(host) as discovery:
         nodes: dict = {}
         admission = build_admission(cfg.network, run_dir / "identity")
-        access = ReadAccess(admission, nodes.__contains__)  # who may read a private run's content
+        access = ReadAccess(admission, nodes.__contains__,  # who may read a private run's content
+                            issuer=TicketIssuer(host.private_key(), host.peer_id, run_id))  # members' tickets
         model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, cfg.model.name,
                                               cache_root(cfg.model.cache_dir or None), access=access)
         console(f"learner: base model {cfg.model.name} sha256 {model_serve.content_sha256[:12]}")

@@ -12,7 +12,9 @@ manifest (cached after the first time) and signs it with its host key. It then s
 Both are open to peers that have not said hello yet (a node fetches the model before it can
 load its backend and say hello), except in a private run (``network.private``): there only
 admitted peers get the manifest and the chunks (``access``: :class:`learner.admission.ReadAccess`;
-a node shows its join token with its manifest request). Holder reports (``MODEL_HAVE``) are kept
+a node shows its join token with its manifest request) and every manifest reply to an admitted
+peer carries a fresh membership ticket (:meth:`LearnerModelServe.ticket_for`, also put in the hello
+ack), which nodes check before they serve the chunks they hold (``swarm.membership``). Holder reports (``MODEL_HAVE``) are kept
 for peers that said hello; of the others, at most :data:`MAX_UNGREETED_HOLDERS` (newest kept, named
 after the greeted ones, none in a private run), so strangers cannot grow the table or crowd
 greeted holders out of manifest replies (at most ``MAX_HOLDERS`` holders of at most 16 addresses
@@ -34,6 +36,7 @@ from swarm.content.model_id import short
 from swarm.content.store import ModelCopy
 from swarm.proto import MODEL_HAVE, MODEL_MANIFEST
 from swarm.proto.chunks import PeerRef
+from swarm.proto.membership import MembershipTicket
 from swarm.proto.model import (MAX_HOLDERS, ModelHave, ModelHaveAck, ModelManifest, ModelManifestReply,
                                ModelManifestRequest)
 
@@ -114,7 +117,13 @@ class LearnerModelServe:
                                              f"(sha256 {short(self.content_sha256)}), not {short(msg.content_sha256)}")
         if self.first_request_at is None:
             self.first_request_at = trio.current_time()
-        return ModelManifestReply(self.manifest, self.holder_refs(exclude=peer_id) if self.share_holders else [])
+        return ModelManifestReply(self.manifest, self.holder_refs(exclude=peer_id) if self.share_holders else [],
+                                  ticket=self.ticket_for(peer_id))
+
+    def ticket_for(self, peer_id: str) -> MembershipTicket | None:
+        """A private run's membership ticket for an admitted ``peer_id`` (None: an open run, or
+        refused): in every manifest reply and hello ack (``swarm.membership``)."""
+        return self.access.ticket(peer_id) if self.access is not None else None
 
     async def on_have(self, msg: ModelHave, peer_id: str) -> ModelHaveAck:
         if msg.content_sha256 != self.content_sha256:

@@ -343,7 +343,8 @@ class LearnerService:
             msg.memory_bytes / 2**30, msg.tokens_per_s,
         )
         return HelloAck(accepted=True, run_id=s.run_id, model=s.model_name, current_version=self.versions.newest(),
-                        model_sha256=s.model_sha256)
+                        model_sha256=s.model_sha256,  # a private run's membership ticket (swarm/membership.py):
+                        ticket=self.model_serve.ticket_for(peer_id) if self.model_serve is not None else None)
 
     async def on_work(self, msg: WorkRequest, peer_id: str) -> WorkReply:
         node = self._node(peer_id)

@@ -18,6 +18,10 @@ and any unsigned or badly signed one, is refused with a logged reason) and :meth
 returns only those layers' tensors. When the learner publishes no manifest for the range,
 :meth:`adapter` returns ``None`` with the learner's reason in ``last_error``; :meth:`restrict`
 cuts the directly fetched whole adapter down to the range.
+
+In a private run the versions this node holds are served only to the learner and to peers that
+showed a valid membership ticket (the host's ``swarm.membership.Membership``), and :meth:`adapter`
+renews the node's own ticket when it is due (``node_agents.model_fetch.refresh_ticket``).
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ import trio
 
 from common.lora import LoraAdapter
 from node_agents.links import LinkDialer
+from node_agents.model_fetch import refresh_ticket
 from swarm.dissem.broadcast import Disseminator
 from swarm.dissem.codec import CodecError
 from swarm.dissem.manifest import LayerRange, ManifestError, decode_version, describe, layers_of, normalise_ranges
 from swarm.dissem.store import Assembly, VersionStore
 from swarm.pipeline.layers import slice_for_range
 from swarm.errors import RemoteError, SwarmError
+from swarm.membership import membership_of
 from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
 from swarm.proto.dissem import DissemJoin, DissemJoinAck, HaveAck, HaveVersion, ManifestReply, ManifestRequest
 from swarm.wire import WireError
@@ -58,7 +64,7 @@ class AdapterSync:
         self.learner_peer = learner_peer
         self.upload_bps = upload_bps
         self.store = VersionStore(learner_peer, run_id=None)
-        self.dis = Disseminator(host, self.store, on_complete=self._report)
+        self.dis = Disseminator(host, self.store, on_complete=self._report, allow=membership_of(host).allows)
         self.mode = "direct"
         self.wait_s = 30.0
         self.joined_version = -1
@@ -194,6 +200,7 @@ class AdapterSync:
 
     async def adapter(self, version: int) -> LoraAdapter | None:
         """The decoded adapter ``version`` via the push path, or None (fall back)."""
+        await refresh_ticket(self.host, self.learner_peer)  # a private run's membership ticket, when due
         if self.mode == "direct":
             self.last_error = "dissemination is in direct mode"
             return None

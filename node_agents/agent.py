@@ -18,6 +18,7 @@ from node_agents.config import NodeConfig
 from node_agents.discovery import NodeDiscovery
 from node_agents.episodes import EpisodeError, EpisodeRunner, TaskUnavailable
 from swarm.errors import SwarmError
+from swarm.membership import membership_of
 from swarm.proto import ADAPTER, HELLO, ROLLOUTS, WORK
 from swarm.proto.adapter import AdapterReply, AdapterRequest
 from swarm.proto.hello import Hello, HelloAck
@@ -153,6 +154,7 @@ class NodeAgent:
             raise ModelRefused(f"learner refused the join: {ack.reason}")  # retrying cannot help
         if not ack.accepted:
             raise JoinRefused(ack.reason, ack.retry_after_s)
+        membership_of(host).hold(ack.ticket, peer)  # a private run's membership ticket (swarm/membership.py)
         if ack.run_id != self.run_id:
             self.run_id = ack.run_id
             self.adapter_key = None

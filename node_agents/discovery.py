@@ -21,6 +21,7 @@ from swarm.discovery.bootstrap import LearnerLocator, serve_run_info
 from swarm.discovery.dht import DiscoveryConfig, PeerRef, open_discovery
 from swarm.discovery.identity import LearnerPins, LearnerRefused, refusal
 from swarm.discovery.keys import run_key, run_mismatch
+from swarm.membership import membership_of
 from swarm.proto.discovery import RunInfo
 
 log = logging.getLogger("echo_swarm.node")
@@ -77,7 +78,10 @@ class NodeDiscovery:
             await self.discovery.provide(run_key(run_name, "nodes"))
 
     def run_info(self, peer_id: str = "") -> RunInfo:
-        addrs = [self.locator.last_good] if self.learner and self.locator.last_good else []
+        """What this node says of its run; a private run's node names no address to a peer that is
+        not a member (``swarm.membership``: the learner, or a peer whose ticket this node saw)."""
+        known = self.learner and self.locator.last_good and membership_of(self.host).allows(peer_id)
+        addrs = [self.locator.last_good] if known else []
         return RunInfo(run_name=self.run_name, role="node", learner=self.learner, learner_addrs=addrs)
 
     async def peers(self) -> list[PeerRef]:

@@ -12,7 +12,9 @@
    (cached by path, size and mtime) and, when it is the run's, serve it to others; a
    different model is left for the learner to refuse at hello;
 3. serve the chunks this node holds to other nodes (``CHUNKS``, the host's chunk server) for
-   the rest of the run,
+   the rest of the run (in a private run only to members: the learner's manifest reply carries
+   this node's membership ticket, kept by the host's ``swarm.membership.Membership``, which
+   then also decides who may read; :func:`refresh_ticket` renews it),
    and report itself as a holder (``MODEL_HAVE``);
 4. put the model into the backend's format once: llama.cpp gets the GGUF (re-quantised with
    ``--quant`` and cached), or a GGUF converted from an HF directory (``node_agents.convert``);
@@ -39,6 +41,7 @@ from swarm.content.manifest import ManifestError, model_content_id, verify_model
 from swarm.content.model_id import describe, short
 from swarm.content.store import ModelCopy
 from swarm.errors import PeerUnreachable, SwarmError
+from swarm.membership import membership_of
 from swarm.proto import MODEL_HAVE, MODEL_MANIFEST
 from swarm.proto.model import ModelHave, ModelHaveAck, ModelManifest, ModelManifestReply, ModelManifestRequest
 from swarm.wire import WireError
@@ -105,7 +108,8 @@ class ProgressBar:
 # ---------------------------------------------------------------------- learner requests
 async def run_manifest(host, learner_peer: str, token: str = "") -> tuple[ModelManifest, list]:
     """The learner's signed model manifest and holders; ``token``: the node's join token (a
-    private run serves its model only to admitted peers)."""
+    private run serves its model only to admitted peers). A private run's reply also carries the
+    node's membership ticket: kept as the host's own (``swarm.membership``)."""
     reply = await host.request(learner_peer, MODEL_MANIFEST, ModelManifestRequest(token=token), ModelManifestReply,
                                timeout=CONTROL_TIMEOUT_S)
     if reply.manifest is None:
@@ -114,7 +118,19 @@ async def run_manifest(host, learner_peer: str, token: str = "") -> tuple[ModelM
         verify_model_manifest(reply.manifest, learner_peer)
     except ManifestError as e:
         raise ModelError(f"the learner's model manifest does not verify: {e}") from e
+    membership_of(host).hold(reply.ticket, learner_peer)
     return reply.manifest, reply.holders
+
+
+async def refresh_ticket(host, learner_peer: str, token: str = "") -> None:
+    """Ask the learner for a fresh membership ticket (a manifest request) when the host's is due
+    (a private run's, half its life gone); failures are logged, the old ticket is kept meanwhile."""
+    if not membership_of(host).due():
+        return
+    try:
+        await run_manifest(host, learner_peer, token)
+    except (SwarmError, WireError, ModelError) as e:
+        log.info("membership: could not renew this node's ticket: %s", e)
 
 
 async def report_have(host, learner_peer: str, copy: ModelCopy, fetcher: Puller | None = None) -> None:
@@ -181,7 +197,7 @@ async def prepare_model(host, learner_peer: str, cfg, server: ChunkServer | None
         if refusal:
             raise ModelError(f"model {manifest.name} (sha256 {short(run_sha)}): {refusal}")
         copy = ModelCopy(manifest, root / run_sha)
-        server.add(model_content_id(manifest), copy)
+        server.add(model_content_id(manifest), copy, allow=membership_of(host).allows)
         if copy.complete:
             print(f"swarm-node: model {manifest.name} (sha256 {short(run_sha)}) is cached", file=sys.stderr, flush=True)
             fetcher = None
@@ -212,7 +228,7 @@ async def prepare_model(host, learner_peer: str, cfg, server: ChunkServer | None
                 copy = ModelCopy(manifest, source=source)
             except FileNotFoundError as e:
                 raise ModelError(str(e)) from e
-            server.add(model_content_id(manifest), copy)
+            server.add(model_content_id(manifest), copy, allow=membership_of(host).allows)
             await _report(host, learner_peer, copy, None)
         else:
             log.warning("local model %s (sha256 %s) is not the run's %s (sha256 %s)", name, short(sha),

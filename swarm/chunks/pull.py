@@ -6,7 +6,8 @@ and up to ``max_peers`` of the holders that ``sources()`` names (asked again eve
 one stream open to its peer and asks it for the next wanted chunks that are missing, not already
 asked of another peer and held by that peer (as its last reply's have-map said), checks every
 chunk against the signed manifest and stores it. A first request with no indices only fetches
-the peer's have-map.
+the peer's have-map. In a private run every request carries this host's membership ticket
+(``swarm.membership``): nodes of such a run serve only members.
 
 - A peer that sends a bad chunk (wrong hash, size or index, or another content) is never asked
   again (``bad_peers``); the chunk goes back to the pool and another peer supplies it.
@@ -40,6 +41,7 @@ from swarm.chunks.streams import close_stream
 from swarm.errors import EndOfStream, FrameError, SwarmError
 from swarm.budget import budget_for
 from swarm.framing import read_frame, write_frame
+from swarm.membership import membership_of, pack_ticket
 from swarm.proto import CHUNKS
 from swarm.proto.chunks import MAX_REQUEST_CHUNKS, ChunkReply, ChunkRequest, PeerRef
 from swarm.wire import WireError
@@ -235,7 +237,7 @@ class Puller:
 
     async def _ask(self, stream, want: list[int]) -> ChunkReply:
         s, cap = self.settings, self.host.config.max_frame_bytes
-        req = ChunkRequest(self.content_id, want)
+        req = ChunkRequest(self.content_id, want, pack_ticket(membership_of(self.host).ticket))  # private runs
         await write_frame(stream, req.to_wire(), timeout=s.request_timeout_s, max_size=cap)
         try:
             raw = await read_frame(stream, max_size=cap, timeout=s.request_timeout_s, budget=budget_for(ChunkReply))

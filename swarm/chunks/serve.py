@@ -10,6 +10,10 @@ One stream carries any number of request/reply frame pairs; the server closes a 
 ``stream_idle_s``. A reply holds the requested chunks the store has (up to ``max_reply_bytes``)
 and the store's have-map; replies are never zstd-compressed (model weights do not compress,
 adapter chunks are zstd output already). Chunks are read in a thread (disk stores block).
+
+A request may carry the asker's membership ticket (a private run's node shows it): it is handed to
+the host's :class:`~swarm.membership.Membership` before the request is answered, so a node's
+``allow`` (``Membership.allows``) knows the asker as a member until its ticket expires.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from swarm.errors import EndOfStream, FrameError, SwarmError
 from swarm.budget import budget_for
 from swarm.framing import read_frame, write_frame
 from swarm.gate import RateLimited, refuse
+from swarm.membership import membership_of, unpack_ticket
 from swarm.proto import CHUNKS
 from swarm.proto.chunks import ChunkFrame, ChunkReply, ChunkRequest
 from swarm.wire import WireError
@@ -143,6 +148,10 @@ class ChunkServer:
             await close_stream(stream, reset=not ok)
 
     async def on_chunks(self, msg: ChunkRequest, peer: str) -> ChunkReply:
+        if msg.ticket:
+            ticket = unpack_ticket(msg.ticket)
+            if ticket is not None:
+                membership_of(self.host).present(peer, ticket)
         found = self.find(msg.content_id, peer)
         if found is None:
             return ChunkReply(msg.content_id)

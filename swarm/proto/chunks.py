@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from swarm.wire import Message, bounded
+from swarm.proto.membership import MAX_TICKET_BYTES
+from swarm.wire import Message, bounded, bounded_default
 
 #: Most chunks of one piece of content.
 MAX_CHUNKS = 1_000_000
@@ -41,11 +42,14 @@ class ChunkFrame(Message):
 @dataclass
 class ChunkRequest(Message):
     """Ask for chunks ``indices`` of the content ``content_id`` (an empty list only asks for
-    the server's have-map)."""
+    the server's have-map). ``ticket``: the asker's membership ticket, packed
+    (``swarm.membership.pack_ticket``: a flat bytes field keeps the request's decode budget small),
+    in a private run, whose nodes serve only members; empty elsewhere, and from older peers."""
 
     KIND = "chunk_request"
     content_id: bytes = bounded(max_items=CONTENT_ID_BYTES)
     indices: list[int] = bounded(max_items=MAX_REQUEST_CHUNKS)
+    ticket: bytes = bounded_default(b"", max_items=MAX_TICKET_BYTES)
 
 
 @dataclass

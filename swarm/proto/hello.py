@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from swarm.proto.membership import MembershipTicket
 from swarm.wire import Message, bounded, bounded_default
 
 
@@ -51,3 +52,6 @@ class HelloAck(Message):
     model_sha256: str = bounded_default("", max_items=64)
     #: Seconds a refused node should wait before trying again (0 = its own backoff).
     retry_after_s: float = bounded_default(0.0, min=0.0)
+    #: A private run's membership ticket for this node (``swarm.membership``; None: an open run,
+    #: or refused). The node shows it to other nodes, which serve a private run's chunks only to members.
+    ticket: MembershipTicket | None = None

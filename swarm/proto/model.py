@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swarm.proto.chunks import MAX_CHUNKS, PeerRef
+from swarm.proto.membership import MembershipTicket
 from swarm.wire import Message, bounded, bounded_default
 
 #: Most files in one model directory.
@@ -72,6 +73,8 @@ class ModelManifestReply(Message):
     holders: list[PeerRef] = bounded_default([], max_items=MAX_HOLDERS)
     #: Why there is no manifest.
     reason: str = ""
+    #: A private run's membership ticket for the asker (``swarm.membership``; None: an open run).
+    ticket: MembershipTicket | None = None
 
 
 @dataclass
