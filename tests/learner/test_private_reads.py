@@ -1,6 +1,8 @@
 """Private allowlist runs and holder reports: who may read the model, its chunks and holders'
 addresses (learner/admission.py ReadAccess, learner/model_serve.py), on real libp2p hosts in one
-process; what a stranger's MODEL_HAVE can do to the holder table and to manifest replies."""
+process; who gets a membership ticket (swarm/membership.py) in the hello ack and the manifest reply;
+what a stranger's MODEL_HAVE can do to the holder table and to manifest replies. What nodes serve
+in a private run: tests/learner/test_private_node_chunks.py."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import trio
 
 from learner.admission import Admission, AdmissionPolicy, ReadAccess, build_admission, load_or_create_secret, mint_token
 from learner.config import LearnerConfig
+from learner.coordinator import Coordinator, Limits
 from learner.model_serve import MAX_UNGREETED_HOLDERS, start_model_serve
+from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from node_agents.model_fetch import ModelError, run_manifest
 from swarm.config import ConfigError, load_config
 from swarm.content.fetch import FetchSettings, model_puller
@@ -20,8 +24,10 @@ from swarm.content.manifest import model_content_id
 from swarm.content.store import ModelCopy
 from swarm.framing import DEFAULT_MAX_FRAME_BYTES, encode_frame, read_frame, write_frame
 from swarm.host import open_host
+from swarm.membership import TICKET_TTL_S, TicketIssuer, membership_of, ticket_refusal
 from swarm.proto import CHUNKS
 from swarm.proto.chunks import ChunkReply, ChunkRequest, PeerRef
+from swarm.proto.hello import Hello
 from swarm.proto.model import MAX_HOLDERS, ModelHave, ModelManifestReply
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -65,6 +71,38 @@ def test_read_refusal_rules():
     assert access.allows("anyone") and not access.private
 
 
+def test_a_private_run_issues_tickets_to_admitted_peers_only(tmp_path):
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    kp = create_new_key_pair()
+    lid = ID.from_pubkey(kp.public_key).to_base58()
+    issuer, now = TicketIssuer(kp.private_key, lid, "run-1"), 1000.0
+    access = ReadAccess(private({"listed"}), {"greeted"}.__contains__, wall_clock=lambda: now, issuer=issuer)
+    for peer in ("greeted", "listed"):
+        t = access.ticket(peer)
+        assert ticket_refusal(t, lid, peer, now, "run-1") is None and t.expires_at == now + TICKET_TTL_S
+    assert access.ticket("stranger") is None
+    access.admission.mark_untrusted("greeted", "cheated")
+    assert access.ticket("greeted") is None
+    open_run = Admission(AdmissionPolicy(mode="allowlist", allowlist=frozenset({"listed"}), secret=SECRET))
+    assert ReadAccess(open_run, lambda p: True, issuer=issuer).ticket("listed") is None  # open: none issued
+    assert ReadAccess(private(), lambda p: True).ticket("x") is None  # no issuer (harnesses)
+
+    class Serve:  # the model server's part in the hello: ticket_for
+        ticket_for = access.ticket
+
+    coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
+    svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="run-1",
+                                                model_name="m", long_poll_s=30.0),
+                         admission=access.admission, model_serve=Serve())
+    hello = Hello(backend="llamacpp", device="cpu", memory_bytes=1, tokens_per_s=1.0)
+    ack = trio.run(svc.on_hello, hello, "listed")
+    assert ack.accepted and ticket_refusal(ack.ticket, lid, "listed", now, ack.run_id) is None
+    ack = trio.run(svc.on_hello, hello, "stranger")
+    assert not ack.accepted and ack.ticket is None
+
+
 def test_private_needs_an_allowlist_run(tmp_path):
     with pytest.raises(ConfigError, match="network.private needs admission"):
         load_config(LearnerConfig, None, ["network.private=true"]).validate()
@@ -91,7 +129,7 @@ def test_a_private_run_serves_its_model_only_to_admitted_peers(tmp_path, model_f
         async with open_host(tmp_path / "L", listen_addr=LOOPBACK) as lh, \
                 open_host(tmp_path / "S", listen_addr=LOOPBACK) as stranger, \
                 open_host(tmp_path / "M", listen_addr=LOOPBACK) as member:
-            access = ReadAccess(adm, greeted.__contains__)
+            access = ReadAccess(adm, greeted.__contains__, issuer=TicketIssuer(lh.private_key(), lh.peer_id, "run-1"))
             serve = await start_model_serve(lh, model_file, "tiny", chunk_bytes=CHUNK, access=access)
             learner = await stranger.connect(lh.addrs[0])
             await member.connect(lh.addrs[0])
@@ -111,6 +149,7 @@ def test_a_private_run_serves_its_model_only_to_admitted_peers(tmp_path, model_f
             # a token holder fetches the whole model before its hello
             token = mint_token(secret, time.time() + 600)
             manifest, _ = await run_manifest(member, learner, token)
+            out["tickets"] = (membership_of(member).ticket is not None, membership_of(stranger).ticket is None)
             copy = ModelCopy(manifest, tmp_path / "M-store" / manifest.content_sha256)
 
             async def holders():
@@ -124,7 +163,7 @@ def test_a_private_run_serves_its_model_only_to_admitted_peers(tmp_path, model_f
     run_bounded(main)
     assert out["stranger_chunks"] == ([], b"")  # answered as not held
     assert out["stranger_have"] is False
-    assert out["fetched"]
+    assert out["fetched"] and out["tickets"] == (True, True)  # the token holder's ticket came with the manifest
     stranger_id, member_id = out["ids"]
     assert out["served"].get(member_id, 0) >= 8 * CHUNK and stranger_id not in out["served"]
 
