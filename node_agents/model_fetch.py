@@ -125,8 +125,10 @@ async def run_manifest(host, learner_peer: str, token: str = "") -> tuple[ModelM
 async def refresh_ticket(host, learner_peer: str, token: str = "") -> None:
     """Ask the learner for a fresh membership ticket (a manifest request) when the host's is due
     (a private run's, half its life gone); failures are logged, the old ticket is kept meanwhile."""
-    if not membership_of(host).due():
+    membership = membership_of(host)
+    if not membership.due():
         return
+    membership.renewing()
     try:
         await run_manifest(host, learner_peer, token)
     except (SwarmError, WireError, ModelError) as e:

@@ -46,6 +46,9 @@ DOMAIN = b"echo-swarm/membership-ticket/1\x00"
 TICKET_TTL_S = 3600.0
 #: A node asks its learner for a fresh ticket once its own has less than this left, seconds.
 REFRESH_LEFT_S = TICKET_TTL_S / 2
+#: Seconds between a host's tries to renew its ticket (a learner that does not answer is not asked
+#: at every adapter step).
+RENEW_RETRY_S = 60.0
 #: Most peers a host remembers as verified members (expired ones go first, then the oldest).
 MAX_VERIFIED = 4096
 
@@ -121,6 +124,8 @@ class Membership:
         self.private = False
         #: Peer id -> (expiry, signature) of the valid ticket it showed.
         self.verified: dict[str, tuple[float, bytes]] = {}
+        #: Wall time of the last renewal asked for (:meth:`renewing`).
+        self.renew_asked_at = float("-inf")
 
     @property
     def learner(self) -> str:
@@ -148,8 +153,15 @@ class Membership:
         return True
 
     def due(self) -> bool:
-        """Whether a private run's host should ask its learner for a fresh ticket now."""
-        return self.private and (self.own is None or self.own.expires_at - self.wall_clock() < REFRESH_LEFT_S)
+        """Whether a private run's host should ask its learner for a fresh ticket now: half of its
+        own is gone, and it did not ask in the last :data:`RENEW_RETRY_S`."""
+        now = self.wall_clock()
+        return (self.private and now - self.renew_asked_at >= RENEW_RETRY_S
+                and (self.own is None or self.own.expires_at - now < REFRESH_LEFT_S))
+
+    def renewing(self) -> None:
+        """The host asks its learner for a fresh ticket now (:meth:`due` waits before the next try)."""
+        self.renew_asked_at = self.wall_clock()
 
     def present(self, peer_id: str, ticket: MembershipTicket) -> bool:
         """``peer_id`` showed ``ticket``: remember it until the ticket expires if it is valid for

@@ -16,7 +16,7 @@ from learner.admission import Admission, AdmissionPolicy, ReadAccess, load_or_cr
 from learner.model_serve import start_model_serve
 from node_agents.adapter_sync import AdapterSync
 from node_agents.discovery import NodeDiscovery
-from node_agents.model_fetch import prepare_model, run_manifest
+from node_agents.model_fetch import prepare_model, refresh_ticket, run_manifest
 from swarm.chunks.pull import Puller
 from swarm.chunks.serve import chunk_server
 from swarm.content.fetch import FetchSettings
@@ -25,7 +25,8 @@ from swarm.content.store import ModelCopy
 from swarm.discovery.bootstrap import ask_run_info
 from swarm.framing import read_frame, write_frame
 from swarm.host import open_host
-from swarm.membership import TicketIssuer, make_ticket, membership_of, pack_ticket
+from swarm.membership import (REFRESH_LEFT_S, TICKET_TTL_S, TicketIssuer, make_ticket, membership_of,
+                              pack_ticket)
 from swarm.proto import CHUNKS
 from swarm.proto.chunks import ChunkReply, ChunkRequest, PeerRef
 
@@ -111,6 +112,11 @@ def scenario(tmp_path, model_file, private: bool) -> dict:
             out["b_run_info"] = (await ask_run_info(b, a.peer_id)).learner_addrs
             out["b_adapter"] = len((await ask_chunks(b, a.peer_id, ADAPTER_ID, [0], membership_of(b).ticket)).chunks)
             out["ids"] = (b.peer_id, stranger.peer_id)
+            # half of node A's ticket gone (its clock moved on): its adapter step asks for a fresh one
+            m = membership_of(a)
+            old, m.wall_clock = m.own, lambda: time.time() + TICKET_TTL_S - REFRESH_LEFT_S + 5
+            await refresh_ticket(a, lh.peer_id)
+            out["renewed"] = (m.own is not old, m.due())
 
     run_bounded(main)
     return out
@@ -133,6 +139,7 @@ def test_a_private_runs_node_serves_its_chunks_and_addresses_only_to_members(tmp
     assert out["b_model"] and out["a_served"].get(b_id, 0) >= 8 * CHUNK and stranger_id not in out["a_served"]
     assert out["b_run_info"]  # a member (its ticket seen) is told where the learner is
     assert out["b_adapter"] == 1  # and gets the adapter chunks node A holds
+    assert out["renewed"] == (True, False)
 
 
 def test_an_open_runs_node_serves_anyone(tmp_path):
@@ -141,4 +148,5 @@ def test_an_open_runs_node_serves_anyone(tmp_path):
     assert out["a_model"] and out["a_ticket"] is None and not out["b_ticket"]  # no tickets issued
     assert out["stranger"] == (2, True) and out["forged"] == 2
     assert out["stranger_run_info"] and out["stranger_adapter"] == 1 and out["b_adapter"] == 1
+    assert out["renewed"] == (False, False)  # nothing to renew in an open run
     assert out["b_model"] and out["a_served"].get(b_id, 0) > 0 and out["a_served"].get(stranger_id, 0) > 0

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from swarm.membership import (DOMAIN, MAX_VERIFIED, REFRESH_LEFT_S, TICKET_TTL_S, Membership, TicketIssuer,
+from swarm.membership import (DOMAIN, MAX_VERIFIED, REFRESH_LEFT_S, RENEW_RETRY_S, TICKET_TTL_S, Membership, TicketIssuer,
                               make_ticket, membership_of, pack_ticket, ticket_refusal, unpack_ticket)
 from swarm.proto.chunks import ChunkRequest
 from swarm.proto.hello import HelloAck
@@ -104,6 +104,10 @@ def test_membership_serves_anyone_until_it_holds_a_ticket_then_members_only(lear
     assert not me.due()
     clock[0] = NOW + TICKET_TTL_S - REFRESH_LEFT_S + 1  # half its life gone: ask for a fresh one
     assert me.due() and me.allows(peer)
+    me.renewing()  # asked; the learner did not answer: not again before RENEW_RETRY_S
+    assert not me.due()
+    clock[0] += RENEW_RETRY_S
+    assert me.due()
     clock[0] = NOW + TICKET_TTL_S  # both tickets expired: the peer is no member any more, the run stays private
     assert not me.allows(peer) and me.ticket is None and not me.allows("stranger") and me.due()
     assert me.allows(lid)
