@@ -7,7 +7,8 @@ a :class:`~swarm.discovery.links.Links` for the planners. Before a plan's data f
 learner asks every node that must open a connection (a NAT'd child of a dialable parent, a NAT'd
 pipeline stage of a dialable head) to dial (``LINK_DIAL``), all at once and under one deadline;
 the outcome of each request is kept and logged. The roles the planners gave (relay or leaf, and
-why) go into ``dissem.json`` and ``swarm.json``.
+why) go into ``dissem.json`` and ``swarm.json``, and each node hears its own in a few words
+(:func:`role_note`) in that round of requests, so that its log says whether it relays and why.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Iterable, Mapping
 
 import trio
 
-from swarm.discovery.links import PUNCH, Dial, Links, links_from, relay_role
+from swarm.discovery.links import PUNCH, Dial, Links, Role, links_from, relay_role
 from swarm.errors import SwarmError
 from swarm.proto.chunks import PeerRef
 from swarm.proto.links import LINK_DIAL, LinkDial, LinkDialReply
@@ -41,7 +42,21 @@ PUNCH_CONCURRENCY = 4
 PUNCH_PASSES = 3
 #: A node with this many punched peers is not retried (it can relay already).
 ENOUGH_PUNCHED = 2
+#: Deadline (s) of telling a node its role when it has nothing to dial (the push waits for it).
+TELL_TIMEOUT_S = 3.0
 CIRCUIT = "/p2p-circuit"
+
+
+def role_note(links: Links, peer: str, role: Role) -> str:
+    """``peer``'s role in a few words, for the node's own log (a dial request's reason is
+    short; the full reason is in the learner's log and reports)."""
+    if role.relay:
+        return f"this node is a relay ({role.kind})"
+    failed, lan = len(links.failed_with(peer)), len(links.lan_with(peer))
+    why = (f"every hole punch failed ({failed} peer(s), symmetric NAT likely)" if failed
+           else "no hole punch has succeeded yet")
+    inside = f", {lan} link(s) inside its network" if lan else ""
+    return f"this node is a leaf: cannot be dialled, {why}{inside}; fed over connections it opens"
 
 
 class LearnerLinks:
@@ -65,6 +80,11 @@ class LearnerLinks:
         self.dials: dict[tuple[str, str], tuple[bool, str, float]] = {}
         #: Peer id -> (kind, why) of the last role logged, so each change is logged once.
         self._roles: dict[str, tuple[str, str]] = {}
+        #: Peer id -> its role in a few words (:func:`role_note`), told to the node in the dial
+        #: requests it gets, so that its own log says whether it relays and why.
+        self.notes: dict[str, str] = {}
+        #: Peer id -> the note it last acknowledged (each change is told once).
+        self._told: dict[str, str] = {}
 
     def record_punch(self, a: str, b: str, ok: bool, why: str = "") -> None:
         """A hole punch between ``a`` and ``b`` (reported by either) succeeded or failed."""
@@ -77,6 +97,8 @@ class LearnerLinks:
         self.punches.clear()
         self.punches.extend(kept)
         self._roles.pop(peer, None)
+        self.notes.pop(peer, None)
+        self._told.pop(peer, None)
 
     def snapshot(self, dialable: Iterable[str], why_not: Mapping[str, str] | None = None) -> Links:
         return links_from(dialable, list(self.punches), why_not, [tuple(p) for p in self.lan])
@@ -85,6 +107,7 @@ class LearnerLinks:
         """Log each node's role (relay or leaf, and why) when it changed."""
         for p in peers:
             role = relay_role(links, p)
+            self.notes[p] = role_note(links, p, role)
             if self._roles.get(p) != (role.kind, role.why):
                 self._roles[p] = (role.kind, role.why)
                 (log.info if role.relay else log.warning)("links: %s may %s: %s", p[-6:],
@@ -105,17 +128,22 @@ class LearnerLinks:
 
     async def connect(self, dials: list[Dial], addrs: Mapping[str, list[str]], reason: str) -> dict[str, int]:
         """Ask each dialer of ``dials`` to open its connections (one request per dialer, all at
-        once, under :attr:`timeout_s`); returns ``{"asked", "connected", "failed"}`` counts."""
+        once, under :attr:`timeout_s`); returns ``{"asked", "connected", "failed"}`` counts. A
+        node whose role changed since it was last told hears it in the same round: in its
+        request's reason, or in a request naming no peer."""
         by_dialer: dict[str, list[Dial]] = {}
         for d in dials:
             by_dialer.setdefault(d.dialer, []).append(d)
         counts = {"asked": len(dials), "connected": 0, "failed": 0}
-        if not by_dialer:
-            return counts
+        tell = {p: n for p, n in self.notes.items() if self._told.get(p) != n and p not in by_dialer}
         t0 = time.monotonic()
         async with trio.open_nursery() as nursery:
+            for p, note in tell.items():
+                nursery.start_soon(self._tell, p, note, reason)
             for dialer, ds in by_dialer.items():
                 nursery.start_soon(self._ask, dialer, ds, addrs, reason, counts)
+        if not by_dialer:
+            return counts
         log.info("links: %s: asked %d node(s) for %d connection(s): %d made, %d failed (%.2f s)", reason,
                  len(by_dialer), len(dials), counts["connected"], counts["failed"], time.monotonic() - t0)
         return counts
@@ -175,6 +203,12 @@ class LearnerLinks:
             return True
         return False
 
+    async def _tell(self, peer: str, note: str, reason: str) -> None:
+        """Tell ``peer`` its role (a dial request naming no peer; the node logs its reason), once
+        per change and under :data:`TELL_TIMEOUT_S`: a silent node delays no later push."""
+        self._told[peer] = note
+        await self._request(peer, LinkDial(reason=f"{reason}; {note}"[:200]), min(self.timeout_s, TELL_TIMEOUT_S))
+
     async def _request(self, peer: str, msg: LinkDial, timeout: float) -> LinkDialReply | None:
         try:
             return await self.host.request(peer, LINK_DIAL, msg, LinkDialReply, timeout=timeout)
@@ -187,7 +221,8 @@ class LearnerLinks:
         refs = [PeerRef(d.listener, (list(addrs.get(d.listener, []))[:14]
                                      + (self.circuit_addrs(dialer, d.listener) if d.how == PUNCH else []))[:16])
                 for d in ds]
-        msg = LinkDial(peers=refs, how=[d.how for d in ds], reason=reason[:200])
+        note = self.notes.get(dialer)
+        msg = LinkDial(peers=refs, how=[d.how for d in ds], reason=(f"{reason}; {note}" if note else reason)[:200])
         timeout = self.punch_timeout_s if any(d.how == PUNCH for d in ds) else self.timeout_s + 2.0
         answered = True
         try:
@@ -195,6 +230,8 @@ class LearnerLinks:
             made = set(reply.connected)
             errors = dict(zip(reply.failed, reply.errors))
             plain = set(reply.direct) & made
+            if note:
+                self._told[dialer] = note
         except (SwarmError, WireError) as e:
             made, errors, answered, plain = set(), {}, False, set()
             log.warning("links: %s did not answer the dial request (%s)", dialer[-6:], e)

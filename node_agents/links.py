@@ -11,7 +11,8 @@ With the node's :class:`swarm.nat.service.NatService` (``nat``), two more reques
 relayed connection to this node: the rendezvous of a hole punch) and ``punch`` (a hole punch to
 the named peer through the circuit address the learner gives, after a plain dial of its
 addresses, which works inside one network, e.g. two nodes behind the same router). Without it,
-``punch`` is that plain dial only and ``reserve`` fails with the reason.
+``punch`` is that plain dial only and ``reserve`` fails with the reason. A request naming no peer
+carries the learner's word on this node's role (a relay, or a leaf and why); it is logged.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class LinkDialer:
         if peer_id != self.learner_peer:
             log.warning("links: refused a dial request from %s: only the learner asks for dials", peer_id[-8:])
             raise PermissionError("only this node's learner may ask it to dial")
+        if not msg.peers:  # no dial: the learner tells this node its role (relay or leaf, and why)
+            log.info("links: the learner says: %s", msg.reason)
+            return LinkDialReply()
         t0 = time.monotonic()
         got: dict[str, str | None] = {}
         direct: set[str] = set()

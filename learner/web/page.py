@@ -111,6 +111,10 @@ NODE_COLUMNS = [("short", "peer", "{}"), ("name", "name", "{}"), ("backend", "ba
                 ("failed_checks", "failed checks", "{}")]
 
 
+#: Node columns whose cell shows another field when pointed at: the full peer id, why the node
+#: relays or is a leaf (``swarm.discovery.links.relay_role``).
+CELL_TITLES = {"short": "peer_id", "link": "link_why"}
+
 #: Node columns shown even when empty for every node (the others appear once some node has a value).
 ALWAYS_SHOWN = {"short", "backend", "device", "tokens_per_s", "adapter_version", "lag", "rollouts", "last_seen_s"}
 
@@ -122,8 +126,8 @@ def nodes_html(nodes: list[dict]) -> str:
     head = "".join(f"<th>{escape(title)}</th>" for _, title, _ in cols)
     body = []
     for n in nodes:
-        cells = "".join(f'<td title="{escape(n["peer_id"]) if key == "short" else ""}">{_v(n.get(key), fmt)}</td>'
-                        for key, _, fmt in cols)
+        cells = "".join(f'<td title="{escape(str(n.get(CELL_TITLES.get(key, "")) or ""))}">'
+                        f'{_v(n.get(key), fmt)}</td>' for key, _, fmt in cols)
         body.append(f'<tr class="node" data-peer="{escape(n["peer_id"])}" data-backend="{escape(str(n["backend"]))}">'
                     f"{cells}</tr>")
     return f'<table id="nodes-table"><tr>{head}</tr>{"".join(body)}</table>'
