@@ -1,6 +1,7 @@
 """A private allowlist run with real processes: a ``swarm-node`` holding a join token fetches what
 it needs and trains; a stranger (another libp2p host, its own key) asks for everything the run
-serves and gets a clear refusal each time (learner in-process, llama.cpp node, 127.0.0.1)."""
+serves and gets a clear refusal each time, from the learner and from the member node (membership
+tickets, swarm/membership.py) (learner in-process, llama.cpp node, 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from learner.demo import node_command, stop_processes
 from learner.loop import run_learner
 from learner.metrics import read_metrics
 from swarm.content.manifest import model_content_id
+from swarm.discovery.bootstrap import ask_run_info
 from swarm.framing import read_frame, write_frame
 from swarm.host import open_host
 from swarm.proto import ADAPTER, CHUNKS, DISSEM_HAVE, DISSEM_MANIFEST, MODEL_HAVE, MODEL_MANIFEST
@@ -29,20 +31,25 @@ from test_cheating_node import config
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+async def ask_chunks(host, peer: str, content_id: bytes) -> tuple[int, bytes]:
+    stream = await host.open_stream(peer, CHUNKS)
+    try:
+        await write_frame(stream, ChunkRequest(content_id, [0]).to_wire(), timeout=10)
+        chunks = ChunkReply.from_wire(await read_frame(stream, timeout=10))
+    finally:
+        await stream.close()
+    return len(chunks.chunks), chunks.have
+
+
 async def stranger_asks(tmp: Path, learner_addr: str, svc) -> dict:
-    """Everything a stranger asks the learner of a private run, and what it got."""
+    """Everything a stranger asks the learner of a private run (and its member node, once there is
+    one: model chunks it holds, where the learner is), and what it got."""
     got = {}
     async with open_host(tmp / "stranger", listen_addr="/ip4/127.0.0.1/tcp/0") as host:
         learner = await host.connect(learner_addr)
         reply = await host.request(learner, MODEL_MANIFEST, ModelManifestRequest(token="forged.token"), ModelManifestReply)
         got["model_manifest"] = (reply.manifest is None, reply.reason, len(reply.holders))
-        stream = await host.open_stream(learner, CHUNKS)
-        try:
-            await write_frame(stream, ChunkRequest(model_content_id(svc.model_serve.manifest), [0]).to_wire(), timeout=10)
-            chunks = ChunkReply.from_wire(await read_frame(stream, timeout=10))
-        finally:
-            await stream.close()
-        got["model_chunks"] = (len(chunks.chunks), chunks.have)
+        got["model_chunks"] = await ask_chunks(host, learner, model_content_id(svc.model_serve.manifest))
         reply = await host.request(learner, DISSEM_MANIFEST, ManifestRequest(version=1), ManifestReply)
         got["dissem_manifest"] = (reply.manifest is None, reply.reason, len(reply.holders))
         try:
@@ -56,6 +63,10 @@ async def stranger_asks(tmp: Path, learner_addr: str, svc) -> dict:
         ack = await host.request(learner, DISSEM_HAVE, HaveVersion(version=1, completed_at=time.time()), HaveAck)
         got["dissem_have"] = ack.ok
         got["stranger"] = host.peer_id
+        for node in list(svc.nodes.values())[:1]:  # the content id, as an admitted peer might pass it on
+            await host.connect(node.hello.addrs[0])
+            got["node_chunks"] = await ask_chunks(host, node.peer_id, model_content_id(svc.model_serve.manifest))
+            got["node_run_info"] = (await ask_run_info(host, node.peer_id)).learner_addrs
     return got
 
 
@@ -99,3 +110,5 @@ def test_a_private_run_refuses_a_stranger_everything_and_its_member_trains(tmp_p
         assert "say hello first" in got["adapter"], got
         assert got["model_have"] is False and got["dissem_have"] is False, got
         assert got["stranger"] not in svc.model_serve.holders and got["stranger"] not in svc.model_serve.served
+    # the member node holds the whole model and serves none of it, nor the learner's address, to the stranger
+    assert seen["during"]["node_chunks"] == (0, b"") and seen["during"]["node_run_info"] == [], seen["during"]
