@@ -4,9 +4,11 @@
 
 The same run twice, side by side at the same time (each its own learner and 2 nodes, so the load
 of a shared machine weighs on both alike): undisturbed, and with the 20 ids joining once its step 2
-is written (both honest nodes have had groups accepted by then). Every attacked step must finish within twice its
-undisturbed counterpart (plus a little slack for a machine shared with other jobs), and the
-established nodes must stay sampled by verification. The figures are printed (``-s``) and recorded
+is written (both honest nodes have had groups accepted by then). Every attacked step must take,
+and wait for its rollouts, at most twice as long as its undisturbed twin (plus a little slack for a
+machine shared with other jobs), and the established nodes must stay sampled by verification.
+2026-11-25, load average about 4: passed in 115 s; attacked / undisturbed step time 1.62, 1.54,
+1.71 for steps 3-5. The figures are printed (``-s``) and recorded
 in ``docs/benchmarks.md`` ("Sybils with real processes").
 """
 
@@ -41,7 +43,8 @@ def run_swarm(tmp: Path, sybils: bool) -> dict:
     tmp.mkdir(parents=True)
     cfg = tmp / "run.toml"
     cfg.write_text(f"[train]\nsteps = {STEPS}\nprompts_per_step = {PROMPTS}\ngroup_size = {GROUP}\nmax_tokens = 12\n"
-                   "micro_batch = 4\ncheckpoint_every = 0\n[verify]\nsample_frac = 0.5\n"
+                   # one torch thread: two learners side by side on a small machine do not oversubscribe it
+                   "micro_batch = 4\ncheckpoint_every = 0\ntorch_threads = 1\n[verify]\nsample_frac = 0.5\n"
                    "[sync]\nlease_timeout_s = 120.0\nmin_waiting_nodes = 2\n")
     run_dir = tmp / "run"
     logs = {name: tmp / f"{name}.log" for name in ("learner", "a", "b", "sybils")}
@@ -74,6 +77,8 @@ def run_swarm(tmp: Path, sybils: bool) -> dict:
     assert [r["step"] for r in metrics] == list(range(1, STEPS + 1))
     swarm = json.loads((run_dir / "swarm.json").read_text()) if (run_dir / "swarm.json").exists() else {}
     report = {"step_time_s": [round(r["step_time_s"], 1) for r in metrics],
+              "wait_s": [round(r.get("gen_wait_s", 0.0), 1) for r in metrics],
+              "train_s": [round(r.get("train_s", 0.0), 1) for r in metrics],
               "verify_groups": [r.get("verify_groups", 0) for r in metrics],
               "nodes_trained": [sorted(p[-6:] for p in r.get("nodes", {})) for r in metrics],
               "swarm_nodes": len(swarm.get("nodes", {}))}
@@ -93,7 +98,12 @@ def test_twenty_fresh_ids_that_never_push_do_not_stall_steps_or_verification(tmp
     print("sybils, attacked run:", json.dumps(hit))
     s = hit["sybils"]
     assert s["hellos"] == SYBILS and s["leases"] >= 1, s  # they joined and did take work
-    for step in range(2, STEPS):  # steps 3.. ran with the sybils in the swarm
+    # steps 3.. ran with the sybils in the swarm: each within twice its twin's time, and so is the
+    # part the lease rules decide, the wait for its rollouts (``gen_wait_s``)
+    for step in range(2, STEPS):
         assert hit["step_time_s"][step] <= 2 * base["step_time_s"][step] + SLACK_S, (step + 1, base, hit)
+        assert hit["wait_s"][step] <= 2 * base["wait_s"][step] + SLACK_S, (step + 1, base, hit)
+    print("sybils, attacked / undisturbed step time, steps 3..:",
+          [round(h / b, 2) for h, b in zip(hit["step_time_s"][2:], base["step_time_s"][2:])])
     # the established nodes stay sampled: their groups were verified while the sybils were there
     assert sum(hit["verify_groups"][2:]) >= 1, hit
