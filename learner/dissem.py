@@ -166,6 +166,10 @@ class LearnerDissem:
         the plans change when a pair punched."""
         others = [p for p, m in self.members.items() if not m.reachable and p != peer_id]
         await self.links.punch_round(peer_id, others, {p: list(m.addrs) for p, m in self.members.items()})
+        links = self.link_snapshot()
+        if links is not None:  # the roles it changed, logged and told now, not at the next version
+            self.links.log_roles(links, list(self.members))
+            await self.links.tell_roles("after a hole punch round")
         self._notify()
 
     async def measure(self, peer_id: str, addrs: tuple[str, ...]) -> Reach:

@@ -135,11 +135,9 @@ class LearnerLinks:
         for d in dials:
             by_dialer.setdefault(d.dialer, []).append(d)
         counts = {"asked": len(dials), "connected": 0, "failed": 0}
-        tell = {p: n for p, n in self.notes.items() if self._told.get(p) != n and p not in by_dialer}
         t0 = time.monotonic()
         async with trio.open_nursery() as nursery:
-            for p, note in tell.items():
-                nursery.start_soon(self._tell, p, note, reason)
+            nursery.start_soon(self.tell_roles, reason, set(by_dialer))
             for dialer, ds in by_dialer.items():
                 nursery.start_soon(self._ask, dialer, ds, addrs, reason, counts)
         if not by_dialer:
@@ -203,11 +201,16 @@ class LearnerLinks:
             return True
         return False
 
-    async def _tell(self, peer: str, note: str, reason: str) -> None:
-        """Tell ``peer`` its role (a dial request naming no peer; the node logs its reason), once
-        per change and under :data:`TELL_TIMEOUT_S`: a silent node delays no later push."""
-        self._told[peer] = note
-        await self._request(peer, LinkDial(reason=f"{reason}; {note}"[:200]), min(self.timeout_s, TELL_TIMEOUT_S))
+    async def tell_roles(self, reason: str, skip: set[str] = frozenset()) -> None:
+        """Tell each node (but ``skip``) whose role changed since it was last told: a dial request
+        naming no peer, whose reason the node logs; once per change, all at once, under
+        :data:`TELL_TIMEOUT_S` (a silent node delays no later push)."""
+        tell = {p: n for p, n in self.notes.items() if self._told.get(p) != n and p not in skip}
+        self._told.update(tell)
+        timeout = min(self.timeout_s, TELL_TIMEOUT_S)
+        async with trio.open_nursery() as nursery:
+            for p, note in tell.items():
+                nursery.start_soon(self._request, p, LinkDial(reason=f"{reason}; {note}"[:200]), timeout)
 
     async def _request(self, peer: str, msg: LinkDial, timeout: float) -> LinkDialReply | None:
         try:

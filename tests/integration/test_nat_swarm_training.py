@@ -1,16 +1,19 @@
 """A training swarm with most nodes behind NAT: real ``swarm-learner launch`` and ``swarm-node join``.
 
-2026-11-25, a 2-core machine shared with other heavy jobs (``uptime`` load 4.1 at the start, about
-9 during the run): passed in 797 s (the run itself 794 s; most of it the 8 nodes fetching and
-loading the model and the learner's steps). Shown: the two public nodes relayed 136 and 102 adapter
-chunks, each of the four eim nodes relayed 68 (their role ``punched``: the 4 pairs across the two
-eim routers punched; the two nodes behind one router reached each other on its LAN); the two
-symmetric nodes relayed none, role ``leaf`` ("every hole punch failed (4 peer(s); an
-endpoint-dependent (symmetric) NAT likely); direct links only inside its own network (1 peer(s))")
-in dissem.json, swarm.json, the dashboard's rows and page, the learner's log and their own logs
-("links: v1 (the whole adapter); this node is a leaf: cannot be dialled, every hole punch failed
-(4 peer(s), symmetric NAT likely), ..."). Every node held v1-v3; steps trained with rollouts of
-n1-n5.
+2026-11-25, 2-core machine shared with other jobs (``uptime`` load 2.3 at the start, 2.7 at the end):
+passed in 337 s (the learner waited 229 s for all 8 nodes: the model fetches and the symmetric
+nodes' punch rounds; then 3 steps in 68 s). Chunks relayed to other nodes over v0-v2: public n1
+119, n2 204; eim n3 68, n4 68, n5 51, n6 68 (each role ``punched``: the 4 pairs across the two eim
+routers punched, the two nodes behind one router reached each other on its LAN); the learner 102.
+The two symmetric nodes relayed none: role ``leaf``, "every hole punch failed (4 peer(s); an
+endpoint-dependent (symmetric) NAT likely); direct links only inside its own network (1 peer(s)): a
+leaf, fed by a dialable parent over a connection it opens itself" (fed by n1 and n2) in dissem.json,
+swarm.json, the dashboard's rows and page and the learner's log; their own logs say "links: the
+learner says: after a hole punch round; this node is a leaf: cannot be dialled, every hole punch
+failed (4 peer(s), symmetric NAT likely), 1 link(s) inside its network; fed over connections it
+opens". Rollouts of 6 nodes were trained (both symmetric ones included). An earlier version of this
+test (no fair-start gate) passed in 797 s at load about 9, and failed on an idle machine: the first
+nodes trained all 3 steps before the others joined.
 
 Layout (``bench.netns``): the learner on a public host; 8 nodes: 2 public, 2 behind each of two
 endpoint-independent ("eim", punchable) routers, 2 behind one symmetric router. Every node fetches
@@ -25,8 +28,12 @@ exist. What must hold afterwards, from the learner's reports (``metrics.jsonl``,
   it as a sender, and its role is ``punched``;
 - every node behind the symmetric router relayed nothing; it is a leaf, and the reason (every hole
   punch failed, symmetric NAT likely) is in ``dissem.json``, ``swarm.json``, the dashboard's node
-  rows and page, the learner's log, and the node's own log (the learner names the node's role in
-  the connection-reversal requests it sends it).
+  rows and page, the learner's log, and the node's own log (the learner tells each node its role
+  when it changes: after a hole-punch round, and with a version's connection-reversal requests).
+
+The learner leases no work before all 8 nodes wait for it (``sync.min_waiting_nodes``), and the
+test starts the 8th (public n2) once the symmetric nodes' punch rounds are over, so that every
+version's plan follows the links those rounds found.
 
 Each node listens on its own port (``tests/integration/test_nat_dissem_processes.py`` says why).
 """
@@ -52,8 +59,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 4001
 DASHBOARD = "127.0.0.1:8391"
-#: Small steps (the point is the network); small chunks so that every relay forwards several.
-OVERRIDES = ["train.prompts_per_step=3", "train.group_size=2", "train.max_tokens=16", "train.minibatches=1",
+#: Small steps (the point is the network); small chunks so that every relay forwards several. The
+#: first lease waits for all 8 nodes (the test starts the 8th once the hole-punch rounds are over):
+#: on an idle machine the first nodes trained all 3 steps in a minute, before the NAT'd ones had
+#: registered, and the symmetric nodes' punch rounds (every punch fails after 25 s, tried up to 3
+#: times) took over 2 minutes.
+OVERRIDES = ["train.prompts_per_step=4", "sync.min_waiting_nodes=8", "train.group_size=2", "train.max_tokens=16", "train.minibatches=1",
              "train.checkpoint_every=0", "sync.long_poll_s=1.0", "dissem.stall_timeout_s=3.0",
              "dissem.chunk_bytes=65536"]
 RUN_DEADLINE_S = 2700
@@ -102,7 +113,8 @@ def test_training_swarm_with_nodes_behind_eim_and_symmetric_routers(netns_hosts,
     shutil.copy(default_gguf_path(), model)
     tb = netns_hosts(3, routers=(RouterSpec("eim", 2), RouterSpec("eim", 2), RouterSpec("symmetric", 2)))
     eim, sym = tb.behind(0) + tb.behind(1), tb.behind(2)
-    hosts = [1, 2] + eim + sym  # the symmetric ones join last: their punch rounds meet every NAT'd peer
+    # the symmetric ones join after the eim ones (their punch rounds meet every NAT'd peer), and n2 last
+    hosts = [1] + eim + sym + [2]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     procs: list[subprocess.Popen] = []
 
@@ -123,11 +135,18 @@ def test_training_swarm_with_nodes_behind_eim_and_symmetric_routers(netns_hosts,
                             "--set", "train.steps=3"] + [x for o in OVERRIDES for x in ("--set", o)], "learner.log")
         m = wait_for(tmp_path / "learner.log", r"swarm-node join --run (\S+) --bootstrap (/ip4/[^\s`,]+)", learner, 600)
         run_id, laddr = m[1], m[2]
+        ids: dict[int, str] = {}
         for i in hosts:
-            spawn(i, [sys.executable, "-m", "node_agents.cli", "join", "--bootstrap", laddr, "--run", run_id,
-                      "--data-dir", str(tmp_path / f"n{i}"), "--listen", f"/ip4/0.0.0.0/tcp/{4100 + i}",
-                      "--threads", "1", "--name", f"n{i}", "--no-probe", "--max-retries", "8", "-v"],
-                  f"n{i}.log", {"ECHO_SWARM_CACHE": str(tmp_path / f"cache-n{i}")})
+            if i == 2:  # the 8th node opens the fair-start gate: only once the punch rounds are over,
+                for j in sym:  # so that every version's plan follows the links they found
+                    wait_for(tmp_path / "learner.log", rf"links: {ids[j][-6:]} connected to \d+ of", learner, 900)
+            node = spawn(i, [sys.executable, "-m", "node_agents.cli", "join", "--bootstrap", laddr, "--run", run_id,
+                             "--data-dir", str(tmp_path / f"n{i}"), "--listen", f"/ip4/0.0.0.0/tcp/{4100 + i}",
+                             "--threads", "1", "--name", f"n{i}", "--no-probe", "--max-retries", "8", "-v"],
+                         f"n{i}.log", {"ECHO_SWARM_CACHE": str(tmp_path / f"cache-n{i}")})
+            if i in sym:
+                ids[i] = wait_for(tmp_path / f"n{i}.log", rf"/ip4/{re.escape(tb.ip(i))}/tcp/{4100 + i}/p2p/(\w+)",
+                                  node, 600)[1]
             time.sleep(2.0)
         ids = {i: wait_for(tmp_path / f"n{i}.log", rf"/ip4/{re.escape(tb.ip(i))}/tcp/{4100 + i}/p2p/(\w+)",
                            procs[hosts.index(i) + 1], 600)[1] for i in hosts}
@@ -139,7 +158,7 @@ def test_training_swarm_with_nodes_behind_eim_and_symmetric_routers(netns_hosts,
                     if row.get("link"):
                         rows_seen[row["peer_id"]] = row
                 page = poll_dashboard(tb, "/") or page
-            time.sleep(10.0)
+            time.sleep(5.0)
         learner.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         stop_processes(procs, 0.0)
