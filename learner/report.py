@@ -43,6 +43,8 @@ def report_nodes(swarm: dict | None) -> list[dict]:
         for key in ("trusted", "reachable", "leaf", "stage"):
             if key in n:
                 row[key] = n[key]
+        if "link_role" in n:  # relay or leaf in the broadcast, and why (as the live dashboard shows it)
+            row["link"], row["link_why"] = n["link_role"], n.get("link_why", "")
         row.update(work_columns(work.get(peer)))
         out.append(row)
     for peer, line in sorted(work.items()):  # nodes the run untrusted or forgot keep their ledger line

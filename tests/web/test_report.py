@@ -28,7 +28,8 @@ def make_run(run_dir, steps=6):
         PEER_A: {"backend": "llamacpp", "device": "cpu", "tokens_per_s": 150.0, "memory_bytes": 1, "groups": 5,
                  "completions": 40, "rejected_groups": 1, "gen_s": 10.0, "gen_tokens": 1500},
         PEER_B: {"backend": "mlx", "device": "cpu", "tokens_per_s": 12.0, "memory_bytes": 1, "groups": 1,
-                 "completions": 8, "rejected_groups": 0, "gen_s": 0.0, "gen_tokens": 0}}}))
+                 "completions": 8, "rejected_groups": 0, "gen_s": 0.0, "gen_tokens": 0,
+                 "link_role": "leaf", "link_why": "every hole punch failed (symmetric NAT likely)"}}}))
     (run_dir / "ledger.json").write_text(json.dumps({"trained": 12, "dropped:stale": 2}))
     return run_dir
 
@@ -44,6 +45,9 @@ def test_report_has_charts_nodes_ledger_and_config(tmp_path):
     assert "<script>" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
     island = re.search(r'<script type="application/json" id="snapshot">(.*?)</script>', html, re.S).group(1)
     assert json.loads(island)["status"]["steps"] == 6
+    rows = {r["peer_id"]: r for r in json.loads(island)["nodes"]}
+    assert rows[PEER_B]["link"] == "leaf" and "symmetric NAT" in rows[PEER_B]["link_why"]  # as the live page
+    assert "link" not in rows[PEER_A]
 
 
 def test_report_snapshot_tolerates_missing_optional_files(tmp_path):
