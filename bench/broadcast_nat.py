@@ -8,9 +8,10 @@ punchable) routers (the NAT set). Every host's upload and download are shaped to
 Each node is a ``bench.relay_node`` process (the real dissemination and NAT code on a real
 libp2p host). Once all registered, the learner lets the hole-punch rounds finish (each NAT'd
 node reserves at the learner's relay and punches to up to 8 other NAT'd nodes), then runs, per
-repeat and in this order, three trials: the public set (tree), the NAT set with links (tree
-along links: reversal and punched pairs), the NAT set without (NAT'd nodes as learner-fed
-leaves). The table prints each configuration's best and median delivery time and its ratio to
+repeat and in this order, the public set (tree) and the NAT set with links (tree along links:
+reversal and punched pairs); then, per repeat, the NAT set without links (NAT'd nodes as
+learner-fed leaves). Those run last: in them the learner drops nodes it can no longer open
+streams to, and nothing re-admits a dropped node, so a trial after them would lose those nodes. The table prints each configuration's best and median delivery time and its ratio to
 the all-public tree, and how many NAT'd nodes relayed chunks.
 """
 
@@ -31,7 +32,12 @@ CONFIGS = (("public", True, "all public"), ("nat", True, "NAT'd, links"), ("nat"
 def nat_trials(args, n: int) -> list[dict]:
     base = {"mode": "tree", "n": n, "rank": int(args.ranks.split(",")[0]), "codec": args.codec,
             "fan_out": args.fan_out, "stripes": args.stripes, "chunk_bytes": args.chunk_kib * 1024}
-    return [{**base, "set": s, "links": links, "rep": rep} for rep in range(args.repeats) for s, links, _ in CONFIGS]
+    # the trials "as leaves" last: the learner's pushes to many leaves at once time out and it drops
+    # nodes it can no longer reach, which nothing re-admits, so a trial after one would lose them
+    first = [c for c in CONFIGS if c[1]]
+    last = [c for c in CONFIGS if not c[1]]
+    return [{**base, "set": s, "links": links, "rep": rep}
+            for group in (first, last) for rep in range(args.repeats) for s, links, _ in group]
 
 
 def wait_line(path: Path, prefix: str, proc: subprocess.Popen, timeout: float) -> str:
@@ -107,7 +113,7 @@ def nat_runs(args) -> list[dict]:
 def print_nat(rows: list[dict], args) -> None:
     w = args.rate_mbit * 125_000
     print(f"\n{args.rate_mbit:g} Mbit/s per host, codec {args.codec}, fan-out {args.fan_out}, chunk {args.chunk_kib} KiB, "
-          f"{args.repeats} repeat(s), configurations interleaved")
+          f"{args.repeats} repeat(s), all public and links interleaved, then as leaves")
     print("| nodes | M (wire) | M/W s | best s | median s | median / all-public | NAT'd nodes that relayed | NAT'd leaves | depth | failed trials |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     ref = None
