@@ -114,8 +114,9 @@ def test_the_relay_cuts_a_circuit_at_its_byte_cap(tmp_path):
                         except Exception:
                             pass
                     await trio.sleep(1.0)
-                # data flowed, then the circuit closed near the cap (the handshakes count too)
-                assert 0 < sum(got) <= cap and sent <= cap + 65536, (sum(got), sent)
+                # data flowed, then the circuit closed near the cap (the handshakes count too); the
+                # sender's writes may run ahead of the relay by its yamux send window (256 KiB)
+                assert 0 < sum(got) <= cap and sent <= cap + 256 * 1024 + 65536, (sum(got), sent)
                 stats = nr.relay_stats()  # what the relay carried, measured there
                 assert stats["directions"] == 2 and sum(got) < stats["bytes"] <= cap + 65536, stats
                 nursery.cancel_scope.cancel()
