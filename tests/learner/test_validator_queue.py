@@ -56,6 +56,13 @@ async def push(svc, peer, tokens):
     return lease.groups[0].group_id
 
 
+async def verified(svc, peer, within_s):
+    """Until the work ledger shows a verified group of ``peer`` (at most ``within_s``)."""
+    with trio.fail_after(within_s):
+        while not svc.ledger.summary().get(peer, {}).get("verified"):
+            await trio.sleep(0.01)
+
+
 async def validator(svc, peer, tokens, jobs):
     """A validator node's work loop: jobs are answered with ``tokens``; leases are left to expire."""
     while True:
@@ -115,9 +122,7 @@ def test_without_a_peer_of_the_class_the_group_is_rescored():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(svc.verify_loop)
             await push(svc, "p", HONEST)
-            with trio.fail_after(20):
-                while not svc.ledger.summary().get("p", {}).get("verified"):
-                    await trio.sleep(0.01)
+            await verified(svc, "p", within_s=20)
             svc.finish()
             nursery.cancel_scope.cancel()
         assert svc.ledger.summary()["p"]["verified"] == {"stats": 1}
@@ -133,9 +138,7 @@ def test_a_validator_that_never_asks_for_work_times_out_to_rescoring():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(svc.verify_loop)
             await push(svc, "p", HONEST)
-            with trio.fail_after(20):
-                while not svc.ledger.summary().get("p", {}).get("verified"):
-                    await trio.sleep(0.01)
+            await verified(svc, "p", within_s=20)
             svc.finish()
             nursery.cancel_scope.cancel()
         assert svc.ledger.summary()["p"]["verified"] == {"stats": 1}
@@ -158,13 +161,9 @@ def test_a_push_waiting_on_a_validator_does_not_hold_up_other_pushes():
             await push(svc, "p", HONEST)
             await trio.sleep(0.1)  # the worker is now waiting on the silent validator
             await push(svc, "llama", HONEST)
-            with trio.fail_after(3):  # well before the validator's deadline
-                while not svc.ledger.summary().get("llama", {}).get("verified"):
-                    await trio.sleep(0.01)
+            await verified(svc, "llama", within_s=3)  # well before the validator's deadline
             assert not svc.ledger.summary().get("p", {}).get("verified")
-            with trio.fail_after(20):
-                while not svc.ledger.summary().get("p", {}).get("verified"):
-                    await trio.sleep(0.01)
+            await verified(svc, "p", within_s=20)
             svc.finish()
             nursery.cancel_scope.cancel()
         assert svc.ledger.summary()["llama"]["verified"] == {"stats": 1}
