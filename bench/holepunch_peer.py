@@ -17,7 +17,9 @@ until its attempts are done).
 circuit address, then reads one peer id per line on stdin and answers each with one JSON line,
 the outcome of :meth:`~swarm.nat.service.NatService.punch` towards that peer through the same
 relay (so one host punches many peers, and is punched by many, in turn). A line ``-PEER`` closes
-every connection to that peer instead (answered ``{"dropped": PEER}``), so the pair can punch again.
+every connection to that peer instead (answered ``{"dropped": PEER}``), so the pair can punch again;
+a line ``?PEER`` asks what is left (``{"direct": ADDR or null, "relayed": BOOL}``). Each punch's
+answer also says whether a relayed connection to the peer is left (``"relayed"``).
 """
 
 from __future__ import annotations
@@ -76,8 +78,12 @@ async def mesh(port: int, relay_addr: str, timeout_s: float = 20.0, tries: int =
                             await host.libp2p_host.disconnect(ID.from_base58(peer[1:]))
                         print(json.dumps({"dropped": peer[1:]}), flush=True)
                         continue
+                    if peer.startswith("?"):  # what connections to that peer are left
+                        peer = peer[1:]
+                        print(json.dumps({"direct": nat.direct_addr(peer), "relayed": nat.relayed(peer)}), flush=True)
+                        continue
                     out = (await nat.punch(peer, f"{relay_addr}/p2p-circuit/p2p/{peer}")).to_json()
-                    print(json.dumps(out), flush=True)
+                    print(json.dumps({**out, "relayed": nat.relayed(peer)}), flush=True)
                 nursery.cancel_scope.cancel()
 
 

@@ -26,6 +26,7 @@ import multiaddr
 import trio
 
 from swarm.addrs import connection_remote_ip, is_loopback, split_peer_id
+from swarm.dialing import forget_closed
 from swarm.errors import PeerUnreachable, SwarmError
 from swarm.nat.config import NatConfig
 from swarm.nat.kinds import admit_probe, backoff_s, circuit_peer
@@ -191,6 +192,26 @@ class NatService:
     def relayed(self, peer_id: str) -> bool:
         return any(not _is_direct(c) for c in self._conns(peer_id))
 
+    async def drop_relayed(self, peer_id: str) -> int:
+        """Close the relayed connections to ``peer_id`` while a direct one exists (returns how
+        many). A punch's relayed connection carried its signalling only; upstream DCUtR would
+        keep it 60 s, holding one of the relay's circuits per punched pair (``relay_max_circuits``
+        per reservation) and tearing them all down later, in the middle of whatever runs then."""
+        from libp2p.peer.id import ID
+
+        if self.direct_addr(peer_id) is None:
+            return 0
+        relayed = [c for c in self._conns(peer_id) if not _is_direct(c)]
+        for conn in relayed:
+            with trio.move_on_after(self.config.relay_timeout_s):
+                try:
+                    await conn.close()
+                except Exception as e:  # already closing from the far end: nothing to undo
+                    log.debug("nat: closing a relayed connection to %s: %s", peer_id[-8:], e)
+        if relayed:
+            forget_closed(self.host.libp2p_host.get_network(), ID.from_base58(peer_id))
+        return len(relayed)
+
     # ------------------------------------------------------------------ hole punching
     async def punch(self, peer_id: str, circuit_addr: str | None = None) -> PunchOutcome:
         """A direct connection to ``peer_id``: up to ``punch_attempts`` DCUtR attempts over a
@@ -226,6 +247,7 @@ class NatService:
                 reason = f"{type(e).__name__}: {e}"
                 continue
             if self.direct_addr(peer_id):
+                await self.drop_relayed(peer_id)
                 return done(True, PUNCHED, attempt + 1, "")
             reason = "no direct connection after the DCUtR exchange and its dials"
         return done(False, FAILED, cfg.punch_attempts, reason)

@@ -16,6 +16,8 @@ What it pins:
   other cannot punch to that peer's host (the 5-tuple is taken, and the router gives its SYN
   another port). This was why only a host's first punch succeeded in the NAT tests and
   benchmarks, whose hosts all listened on 4001; ``swarm-node`` listens on a random port by default.
+- after a punch no relayed connection is left between the pair, on either side (the relay's
+  circuit carried the signalling only and is given back at once).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from bench.netns import RouterSpec
@@ -62,6 +65,12 @@ def test_one_host_punches_many_peers_and_a_pair_punches_twice(netns_hosts, tmp_p
             out = ask(a, ids[b])
             assert out["ok"] and out["how"] == "punched", (a, b, out)
             assert out["addr"] == f"/ip4/{tb.public_ip(b)}/tcp/{ports[b]}", (a, b, out)
+            # the punch's relayed connection carried its signalling only: closed on both sides
+            assert out["relayed"] is False, (a, b, out)
+            deadline = time.monotonic() + 10
+            while (left := ask(b, "?" + ids[a]))["relayed"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert left["direct"] and not left["relayed"], (a, b, left)
 
         for b in (3, 4, 5):  # one host, three peers behind two routers, in turn
             punched(1, b)
