@@ -247,8 +247,9 @@ class NatService:
                 reason = f"{type(e).__name__}: {e}"
                 continue
             if self.direct_addr(peer_id):
+                out = done(True, PUNCHED, attempt + 1, "")  # timed to the direct connection
                 await self.drop_relayed(peer_id)
-                return done(True, PUNCHED, attempt + 1, "")
+                return out
             reason = "no direct connection after the DCUtR exchange and its dials"
         return done(False, FAILED, cfg.punch_attempts, reason)
 
