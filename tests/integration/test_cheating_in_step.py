@@ -24,9 +24,7 @@ def test_cheaters_fail_on_the_training_forward_and_the_step_trains_a_whole_hones
     svc = seen["svc"]
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
-    logs = {m: (tmp_path / f"{m}.log").read_text() for m in cheats + ["honest"]}
-    peer_of = {m: next(line.split()[2] for line in logs[m].splitlines() if line.startswith(f"[{m}] peer "))
-               for m in cheats + ["honest"]}
+    peer_of = seen["peer_of"]
     untrusted = svc.admission.untrusted
     for m in cheats:
         assert peer_of[m] in untrusted and "unverified" in untrusted[peer_of[m]], (m, untrusted)

@@ -4,21 +4,20 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import trio
 
 from learner.config import LearnerConfig
-from learner.demo import node_command, stop_processes
+from learner.demo import stop_processes
 from learner.loop import run_learner
 from learner.metrics import read_metrics
 from swarm.config import load_config
+from tests.integration.learner_nodes import Node, spawn
+from tests.integration.learner_nodes import run as run_with_nodes
 
 pytestmark = pytest.mark.integration
-
-CHEAT = Path(__file__).with_name("cheat_node.py")
 
 
 def config(*extra: str) -> LearnerConfig:
@@ -29,36 +28,9 @@ def config(*extra: str) -> LearnerConfig:
         "sync.lease_timeout_s=600", "dissem.mode=direct", *extra])
 
 
-def spawn(addr: str, tmp: Path, name: str, mode: str | None = None) -> subprocess.Popen:
-    cmd = node_command(addr, tmp / name, 1, name, "default") + ["--no-probe", "-v"]
-    if mode is not None:  # the same command line through the cheating wrapper
-        cmd = [sys.executable, str(CHEAT), mode] + cmd[3:]
-    log = open(tmp / f"{name}.log", "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
 def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[tuple[str, str | None]], seconds: float) -> dict:
-    procs: list[subprocess.Popen] = []
-    seen: dict = {}
-
-    def on_service(svc):
-        seen["svc"] = svc
-
-    async def main():
-        with trio.fail_after(seconds):
-            async with trio.open_nursery() as nursery:
-                addrs = await nursery.start(lambda task_status: run_learner(
-                    cfg, tmp_path / "run", console=lambda s: None,
-                    on_service=on_service, task_status=task_status))
-                for name, mode in nodes:
-                    procs.append(spawn(addrs[0], tmp_path, name, mode))
-
-    try:
-        trio.run(main)
-    finally:
-        stop_processes(procs, 20)
-    seen["procs"] = procs
-    return seen
+    """Learner in this process, ``nodes`` (name, cheat mode or None) as processes."""
+    return run_with_nodes(tmp_path, cfg, [Node(name, mode) for name, mode in nodes], seconds)
 
 
 def test_a_nodes_malformed_pushes_never_stall_a_step(tmp_path):
@@ -101,11 +73,8 @@ def test_allowlist_run_refuses_a_stranger_with_a_reason_and_admits_a_token_holde
                 addrs = await nursery.start(lambda task_status: run_learner(
                     cfg, tmp_path / "run", console=lambda s: None,
                     on_service=lambda s: seen.setdefault("svc", s), task_status=task_status))
-                procs.append(spawn(addrs[0], tmp_path, "stranger"))
-                cmd = node_command(addrs[0], tmp_path / "member", 1, "member", "default")
-                log = open(tmp_path / "member.log", "w")
-                procs.append(subprocess.Popen(cmd + ["--no-probe", "--token", token], stdout=log,
-                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                procs.append(spawn(addrs[0], tmp_path, Node("stranger")))
+                procs.append(spawn(addrs[0], tmp_path, Node("member", extra=("--token", token))))
 
     try:
         trio.run(main)
@@ -137,9 +106,7 @@ def test_cheaters_are_caught_at_their_first_group_and_nothing_of_theirs_is_train
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     untrusted = svc.admission.untrusted
-    logs = {m: (tmp_path / f"{m}.log").read_text() for m in cheats + ["honest"]}
-    peer_of = {m: next(line.split()[2] for line in logs[m].splitlines() if line.startswith(f"[{m}] peer "))
-               for m in cheats + ["honest"]}
+    logs, peer_of = seen["logs"], seen["peer_of"]
     for m in cheats:
         assert peer_of[m] in untrusted, (m, untrusted, logs[m][-2000:])
         assert "unverified" in untrusted[peer_of[m]]

@@ -6,24 +6,16 @@ count. The work ledger records which test verified or failed each node's groups.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import trio
 
 from learner.config import LearnerConfig
-from learner.demo import node_command, stop_processes
-from learner.loop import run_learner
-from learner.metrics import read_metrics
 from swarm.config import load_config
+from tests.integration.learner_nodes import Node
+from tests.integration.learner_nodes import run as run_with_nodes
 
 pytestmark = pytest.mark.integration
-
-CHEAT = Path(__file__).with_name("cheat_node.py")
 
 
 def config(*extra: str) -> LearnerConfig:
@@ -32,41 +24,11 @@ def config(*extra: str) -> LearnerConfig:
         "sync.lease_timeout_s=900", "dissem.mode=direct", "train.micro_batch=4", *extra])
 
 
-def spawn(addr: str, tmp: Path, name: str, mode: str | None, threads: int) -> subprocess.Popen:
-    cmd = node_command(addr, tmp / name, threads, name, "default") + ["--no-probe", "-v"]
-    if mode is not None:  # the same command line through the cheating wrapper
-        cmd = [sys.executable, str(CHEAT), mode] + cmd[3:]
-    log = open(tmp / f"{name}.log", "w")
-    # ggml's OpenMP threads sleep instead of spinning at barriers: a 2-thread node on a loaded
-    # 2-core machine is 2.5x faster so (same tokens: the split of the work is what counts)
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-
-
 def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[tuple[str, str | None, int]], seconds: float) -> dict:
-    """Learner in this process, ``nodes`` (name, cheat mode or None, threads) as processes."""
-    procs: list[subprocess.Popen] = []
-    seen: dict = {}
-
-    async def main():
-        with trio.fail_after(seconds):
-            async with trio.open_nursery() as nursery:
-                addrs = await nursery.start(lambda task_status: run_learner(
-                    cfg, tmp_path / "run", console=lambda s: None,
-                    on_service=lambda svc: seen.setdefault("svc", svc), task_status=task_status))
-                for name, mode, threads in nodes:
-                    procs.append(spawn(addrs[0], tmp_path, name, mode, threads))
-
-    try:
-        trio.run(main)
-    finally:
-        stop_processes(procs, 20)
-    svc = seen["svc"]
-    logs = {name: (tmp_path / f"{name}.log").read_text() for name, _m, _t in nodes}
-    peer_of = {name: next(line.split()[2] for line in logs[name].splitlines() if line.startswith(f"[{name}] peer "))
-               for name, _m, _t in nodes}
-    return {"svc": svc, "logs": logs, "peer_of": peer_of, "rows": read_metrics(tmp_path / "run" / "metrics.jsonl"),
-            "work": json.loads((tmp_path / "run" / "swarm.json").read_text())["work"]}
+    """Learner in this process, ``nodes`` (name, cheat mode or None, threads) as processes, their
+    OpenMP threads passive (``tests/integration/learner_nodes.py``)."""
+    return run_with_nodes(tmp_path, cfg, [Node(name, mode, threads, passive_omp=True) for name, mode, threads in nodes],
+                          seconds)
 
 
 def check_caught(out: dict, cheats: list[str], honest: list[str]) -> None:

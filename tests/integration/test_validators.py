@@ -8,23 +8,16 @@ by a second validator."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import trio
 
 from learner.config import LearnerConfig
-from learner.demo import node_command, stop_processes
-from learner.loop import run_learner
-from learner.metrics import read_metrics
 from swarm.config import load_config
+from tests.integration.learner_nodes import Node
+from tests.integration.learner_nodes import run as run_with_nodes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-CHEAT = Path(__file__).with_name("cheat_node.py")
 
 
 def run(tmp_path: Path, nodes: list[tuple[str, str | None]], *extra: str, seconds: float = 900,
@@ -39,32 +32,8 @@ def run(tmp_path: Path, nodes: list[tuple[str, str | None]], *extra: str, second
         f"train.prompts_per_step={len(nodes)}", "train.group_size=2", "train.max_tokens=12", "train.micro_batch=6",
         "train.checkpoint_every=0", "sync.long_poll_s=2.0", "sync.lease_timeout_s=600", "dissem.mode=direct",
         f"sync.min_waiting_nodes={len(nodes)}", "validators.deadline_s=240", *extra])
-    procs: list[subprocess.Popen] = []
-    seen: dict = {}
-
-    async def main():
-        with trio.fail_after(seconds):
-            async with trio.open_nursery() as nursery:
-                addrs = await nursery.start(lambda task_status: run_learner(
-                    cfg, tmp_path / "run", console=lambda s: None,
-                    on_service=lambda svc: seen.setdefault("svc", svc), task_status=task_status))
-                for name, mode in nodes:
-                    cmd = node_command(addrs[0], tmp_path / name, 1, name, str(model), backend) + ["--no-probe", "-v"]
-                    if mode is not None:
-                        cmd = [sys.executable, str(CHEAT), mode] + cmd[3:]
-                    log = open(tmp_path / f"{name}.log", "w")
-                    procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-
-    try:
-        trio.run(main)
-    finally:
-        stop_processes(procs, 20)
-    logs = {name: (tmp_path / f"{name}.log").read_text() for name, _m in nodes}
-    peer_of = {name: next(line.split()[2] for line in logs[name].splitlines() if line.startswith(f"[{name}] peer "))
-               for name, _m in nodes}
-    return {"svc": seen["svc"], "logs": logs, "peer_of": peer_of,
-            "rows": read_metrics(tmp_path / "run" / "metrics.jsonl"),
-            "work": json.loads((tmp_path / "run" / "swarm.json").read_text())["work"]}
+    return run_with_nodes(tmp_path, cfg, [Node(name, mode, model=str(model), backend=backend) for name, mode in nodes],
+                          seconds)
 
 
 def figures(out: dict) -> dict:
