@@ -29,7 +29,8 @@ log = logging.getLogger("echo_swarm.node")
 
 #: Deadline (s) of the connection to one peer.
 DIAL_TIMEOUT_S = 8.0
-#: Deadline (s) of one hole punch (its retries and backoff included) or one reservation: under
+#: Deadline (s) of one hole punch (the plain dial first, then every attempt of a default
+#: ``NatConfig`` with its backoff: ``swarm.nat.kinds.punch_budget_s``) or one reservation: under
 #: the host's handler deadline (``HostConfig.handler_timeout_s``, 30 s), so the learner always
 #: gets the node's answer.
 PUNCH_TIMEOUT_S = 25.0

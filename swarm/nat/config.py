@@ -34,8 +34,11 @@ class NatConfig:
     punch_backoff_s: float = 1.0
     #: Longest wait (s) between two attempts.
     punch_backoff_max_s: float = 8.0
-    #: Deadline (s) of one attempt (the DCUtR exchange over the relay plus its dials).
-    punch_timeout_s: float = 25.0
+    #: Deadline (s) of one attempt: the DCUtR exchange over the relay and one round of
+    #: simultaneous dials (up to 5 s). A failed round is retried as a fresh attempt, whose new
+    #: exchange times both sides' dials again; the defaults' three attempts and their backoff
+    #: (``swarm.nat.kinds.punch_budget_s``) fit the window a node has to answer the learner.
+    punch_timeout_s: float = 6.5
     #: At most this many dial-backs served at once (each opens a throwaway host).
     dialback_concurrency: int = 2
     #: Dial-backs and bandwidth probes served to one peer per minute (each costs this host a

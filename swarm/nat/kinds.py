@@ -105,6 +105,12 @@ def backoff_s(attempt: int, base_s: float, max_s: float) -> float:
     return min(max_s, base_s * 2 ** (attempt - 1))
 
 
+def punch_budget_s(attempts: int, timeout_s: float, base_s: float, max_s: float) -> float:
+    """The longest a punch of ``attempts`` attempts takes: each attempt's deadline plus the
+    backoff before each (:func:`backoff_s`)."""
+    return sum(timeout_s + backoff_s(a, base_s, max_s) for a in range(attempts))
+
+
 @dataclass(frozen=True)
 class DoctorRole:
     #: ``"interior relay"`` (dialable, or reached by hole punches) or ``"leaf"``.

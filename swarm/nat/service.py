@@ -47,6 +47,8 @@ from swarm.proto.nat import (
 log = logging.getLogger(__name__)
 
 CIRCUIT = "/p2p-circuit"
+#: Deadline (s) of one simultaneous-open dial of a hole punch (upstream's round lasts as long).
+PUNCH_DIAL_TIMEOUT_S = 5
 
 
 def _conn_addrs(conn: Any) -> list[str]:
@@ -104,7 +106,8 @@ class NatService:
         self._relay = CountingRelay(lh, limits=limits, allow_hop=cfg.serve_relay)
         roles = RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if cfg.serve_relay else RelayRole(0))
         self._transport = CircuitV2Transport(lh, self._relay, RelayConfig(roles=roles, limits=limits))
-        self._dcutr = PunchingDCUtR(lh, dial_timeout=max(1, round(cfg.punch_timeout_s / 5)))
+        # one simultaneous-open dial (TCP and the Noise + Yamux upgrade) within one attempt
+        self._dcutr = PunchingDCUtR(lh, dial_timeout=max(1, min(PUNCH_DIAL_TIMEOUT_S, int(cfg.punch_timeout_s))))
         self._dialbacks = trio.Semaphore(cfg.dialback_concurrency)
         self._probes: dict[str, list[float]] = {}  # peer ("" = everyone) -> times of its costly checks
         self._nursery: trio.Nursery | None = None

@@ -4,7 +4,9 @@ whether the wrapper is still needed (or still right).
 
 Upstream (0.8.1): every DCUtR service starts hole punches by itself, towards each peer it holds
 only a relayed connection to, every 2 s, and stops after 3 attempts per peer; the wrapper
-turns that off and gives each explicit attempt its own budget."""
+turns that off and gives each explicit attempt its own budget. Every upstream attempt first
+dials the peer's known direct addresses and waits for them (its "unilateral upgrade"); the
+wrapper skips that dial, which its callers have made already."""
 
 from __future__ import annotations
 
@@ -24,9 +26,16 @@ class FakeConn:
         return [RELAYED]
 
 
-def fake_host(peer):
-    net = types.SimpleNamespace(connections={peer: [FakeConn()]})
-    return types.SimpleNamespace(get_network=lambda: net, get_id=lambda: "me")
+def fake_host(peer, addrs=(), dialled=None):
+    """A host holding only a relayed connection to ``peer``, knowing ``addrs`` of it; direct
+    dials are recorded in ``dialled`` and fail."""
+    async def dial_addr(addr, peer_id, source=None):
+        dialled.append(str(addr))
+        raise OSError("unreachable")
+
+    net = types.SimpleNamespace(connections={peer: [FakeConn()]}, dial_addr=dial_addr)
+    store = types.SimpleNamespace(addrs=lambda pid: list(addrs) if pid == peer else [])
+    return types.SimpleNamespace(get_network=lambda: net, get_id=lambda: "me", get_peerstore=lambda: store)
 
 
 def started_punches(cls, seconds: float) -> list:
@@ -70,3 +79,24 @@ def test_upstream_names_the_wrapper_relies_on():
 
     # simultaneous open needs fixed Noise roles: one side upgrades as responder
     assert callable(getattr(Swarm, "dial_addr_as_responder", None))
+
+
+def test_upstream_dials_the_known_addresses_before_each_exchange_and_the_wrapper_does_not():
+    known = ["/ip4/10.0.0.2/tcp/4001", "/ip4/192.0.2.7/tcp/4001"]
+    for cls, expect in ((upstream.DCUtRProtocol, known), (PunchingDCUtR, [])):
+        dialled: list[str] = []
+        svc = cls(fake_host("p", known, dialled))
+        assert trio.run(svc._try_unilateral_upgrade, "p") is False
+        assert sorted(dialled) == sorted(expect), cls
+
+    # upstream's attempt starts with that dial: a success there ends the attempt before any exchange
+    svc = upstream.DCUtRProtocol(fake_host("p"))
+    asked = []
+
+    async def upgraded(peer_id):
+        asked.append(peer_id)
+        return True
+
+    svc._try_unilateral_upgrade = upgraded
+    assert trio.run(svc.initiate_hole_punch, "p") is True and asked == ["p"]
+    assert "p" not in svc._hole_punch_attempts  # no exchange was started

@@ -18,6 +18,7 @@ from swarm.nat.kinds import (
     classify_mapping,
     doctor_role,
     parse_ip_tcp,
+    punch_budget_s,
 )
 from swarm.nat.records import ALREADY, FAILED, PUNCHED, PunchBook, PunchOutcome
 
@@ -74,6 +75,25 @@ def test_circuit_peer_is_the_last_peer_id():
 def test_backoff_doubles_to_its_cap():
     assert [backoff_s(i, 1.0, 5.0) for i in range(5)] == [0.0, 1.0, 2.0, 4.0, 5.0]
     assert backoff_s(3, 0.0, 0.0) == 0.0
+
+
+def test_a_punch_budget_is_its_attempts_deadlines_and_backoffs():
+    assert punch_budget_s(1, 6.5, 1.0, 8.0) == 6.5
+    assert punch_budget_s(3, 6.5, 1.0, 8.0) == 6.5 * 3 + 1.0 + 2.0
+    assert punch_budget_s(5, 2.0, 1.0, 3.0) == 2.0 * 5 + 1.0 + 2.0 + 3.0 + 3.0
+
+
+def test_a_nodes_default_punch_with_all_its_retries_answers_the_learner_in_time():
+    """The node's plain dial and then every attempt of a default punch fit the window it gives
+    a punch request, which ends before the host's handler deadline: a punch that keeps failing
+    still uses its last attempt, and the learner still hears the outcome."""
+    from node_agents.links import LAN_DIAL_TIMEOUT_S, PUNCH_TIMEOUT_S
+    from swarm.host_config import HostConfig
+
+    cfg = NatConfig()
+    budget = punch_budget_s(cfg.punch_attempts, cfg.punch_timeout_s, cfg.punch_backoff_s, cfg.punch_backoff_max_s)
+    assert cfg.punch_attempts >= 3
+    assert LAN_DIAL_TIMEOUT_S + budget <= PUNCH_TIMEOUT_S < HostConfig().handler_timeout_s
 
 
 def test_doctor_roles_and_exit_codes():
