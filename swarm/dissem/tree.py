@@ -18,9 +18,11 @@ reports another bandwidth) gives another plan; the learner rebuilds it before ea
 Links (``links``, a :class:`swarm.discovery.links.Links` snapshot): a parent must be able to
 reach its child over *some* direct connection, which either side may open (connection
 reversal: a NAT'd child dials a dialable parent; two NAT'd peers that punched a hole reconnect
-by a punch). Each tree is filled breadth first: the next node in the stripe's order takes the
-first free slot of a parent it can link with (the learner links with everyone, and takes any
-node no relay can link with as one more root). A node that may not relay
+by a punch). Each tree places its own interior nodes breadth first, each under the first
+interior parent with a free slot it can link with, then matches the tree's leaves to the free
+slots over the links (:func:`linked_tree`), so that a node relays in a second tree only when no
+free slot of the tree's own interior nodes can reach a leaf (the learner links with everyone and
+takes a node no relay can link with as one more root). A node that may not relay
 (:func:`swarm.discovery.links.relay_role`: no way in at all) is a leaf in every tree, placed
 under a parent that can be dialled. With every link present this is the plain heap layout.
 Without ``links`` the old rule holds (``Member.reachable``, measured by a dial-back): a node
@@ -121,28 +123,76 @@ def heap_tree(order: list[str], fan_out: int, root_children: int) -> list[TreeNo
     return nodes[:root_children]
 
 
-def linked_tree(order: list[str], relays: set[str], fan_out: int, root_children: int, links: Links) -> list[TreeNode]:
-    """The learner's children of one tree over ``order``: breadth first, each node under the
-    first parent with a free slot that can link with it (the learner, with ``root_children``
-    slots, first); only ``relays`` get ``fan_out`` slots; a node nobody can link with becomes
-    one more child of the learner. Equals :func:`heap_tree` when every link exists."""
+def linked_tree(interior: list[str], rest: list[str], spare: set[str], fan_out: int, root_children: int,
+                links: Links, load: dict[str, int] | None = None) -> list[TreeNode]:
+    """The learner's children of one tree whose relays are ``interior``, over links:
+
+    1. ``interior`` breadth first, each under the first interior parent (the learner, with
+       ``root_children`` slots, first) that has a free slot and can link with it;
+    2. ``rest`` (this tree's leaves) into the interior parents' free slots by a maximum matching
+       over links, shallow slots first (augmenting paths: a leaf moves to another slot when that
+       frees one for a leaf with fewer links), so the interior parents' slots are used before
+       any other node relays;
+    3. a leaf no free interior slot can link with becomes one more child of the learner, or of a
+       node of ``spare`` (relay-capable, a leaf here, already placed, linked with it), which then
+       relays in two trees: whichever of them has fewer children so far (``load``: children per
+       sender over the trees planned before this one and this one, the learner as
+       :data:`~swarm.discovery.links.LEARNER`; updated here), the spare node on a tie.
+
+    With every link present this is :func:`heap_tree` over ``interior + rest``."""
+    load = {} if load is None else load
     roots: list[TreeNode] = []
+    placed: dict[str, TreeNode] = {}
     owners: list[list] = [[None, root_children]]  # [parent TreeNode (None: learner), free slots]
+
+    def parent_id(owner) -> str:
+        return owner[0].peer_id if owner[0] is not None else LEARNER
+
+    def attach(owner, node: TreeNode) -> None:
+        (owner[0].children if owner[0] is not None else roots).append(node)
+        owner[1] -= 1
+        load[parent_id(owner)] = load.get(parent_id(owner), 0) + 1
+
     first = 0  # owners before this one are full
-    for pid in order:
-        node = TreeNode(pid)
+    for pid in interior:
+        node = placed[pid] = TreeNode(pid)
         while first < len(owners) and owners[first][1] == 0:
             first += 1
-        for slot in owners[first:]:
-            parent = slot[0]
-            if slot[1] > 0 and links.can_link(parent.peer_id if parent is not None else LEARNER, pid):
-                (parent.children if parent is not None else roots).append(node)
-                slot[1] -= 1
-                break
-        else:
-            roots.append(node)
-        if pid in relays:
-            owners.append([node, fan_out])
+        owner = next((o for o in owners[first:] if o[1] > 0 and links.can_link(parent_id(o), pid)), None)
+        attach(owner or [None, 0], node)  # nobody else can link with it: the learner
+        owners.append([node, fan_out])
+    slots = [o for o in owners for _ in range(o[1])]  # breadth first: shallow slots first
+    taken: dict[int, str] = {}  # slot index -> leaf
+
+    def augment(pid: str, seen: set[int]) -> bool:
+        """Give ``pid`` the first free slot it can link with, else one whose leaf can move."""
+        linkable = [i for i, o in enumerate(slots) if i not in seen and links.can_link(parent_id(o), pid)]
+        free = next((i for i in linkable if i not in taken), None)
+        if free is not None:
+            taken[free] = pid
+            return True
+        for i in linkable:
+            if i not in seen:
+                seen.add(i)
+                if augment(taken[i], seen):
+                    taken[i] = pid
+                    return True
+        return False
+
+    unmatched = [pid for pid in rest if not augment(pid, set())]
+    for i in sorted(taken):
+        node = placed[taken[i]] = TreeNode(taken[i])
+        attach(slots[i], node)
+    extra: list[list] = [[placed[p], fan_out] for p in rest if p in spare and p in placed]
+    for pid in unmatched:
+        node = placed[pid] = TreeNode(pid)
+        linked = [o for o in extra if o[1] > 0 and links.can_link(o[0].peer_id, pid)]
+        owner = min(linked, key=lambda o: load.get(o[0].peer_id, 0), default=None)
+        if owner is None or load.get(LEARNER, 0) < load.get(owner[0].peer_id, 0):
+            owner = [None, 0]
+        attach(owner, node)
+        if pid in spare:
+            extra.append([node, fan_out])
     return roots
 
 
@@ -173,11 +223,11 @@ def build_plan(members: Iterable[Member], mode: str = "tree", fan_out: int = 2, 
     stripes = min(stripes, max(1, len(order) + len(leaves)))
     root_children = max(1, fan_out // stripes)
     if links is not None:
-        roots = []
+        roots, load = [], {}
         for s in range(stripes):
             interior = order[s::stripes]
             rest = [p for p in order if p not in set(interior)]
-            roots.append(linked_tree(interior + rest + leaves, set(order), fan_out, root_children, links))
+            roots.append(linked_tree(interior, rest + leaves, set(rest), fan_out, root_children, links, load))
         return Plan("tree", stripes, roots)
     roots = []
     for s in range(stripes):

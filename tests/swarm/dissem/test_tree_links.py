@@ -118,3 +118,17 @@ def test_links_inside_one_network_carry_data_but_do_not_make_a_relay():
     assert relay_role(links, "e0").relay and relay_role(links, "e0").kind == "punched"
     plan = build_plan([Member(p) for p in ("pub", "e0", "e1", "s0", "s1")], "tree", 2, links=links)
     assert not {"s0", "s1"} & plan.relays()
+
+
+def test_leaves_fill_the_interior_nodes_slots_before_any_node_relays_in_a_second_tree():
+    # n0 dialable, n1 punched with n2 and n3. Taking each tree's leaves in turn into the first
+    # free slot they can link with left n1 with no linkable slot in the first tree, and a node
+    # that relays in the other tree took it (1.5 copies up); matched over the links, every node
+    # uploads at most one copy and the learner one
+    links = links_from(["n0"], [("n1", "n2", True, ""), ("n1", "n3", True, "")])
+    plan = build_plan([Member(f"n{i}") for i in range(4)], "tree", 2, links=links)
+    assert max(plan.uploads().values()) == 1.0
+    relays = [{n.peer_id for t in trees for n in walk(t) if n.children} for trees in plan.roots]
+    assert not relays[0] & relays[1], relays
+    assert all(links.can_link(p, c) for _s, p, c in edges(plan))
+
