@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compare N nodes of which this many sit behind NAT routers with N public and with NAT'd "
                         "nodes as learner-fed leaves (bench/broadcast_nat.py); N = the largest --nodes")
     p.add_argument("--nat-routers", type=int, default=3, help="with --nat: EIM routers the NAT'd nodes sit behind")
+    p.add_argument("--leaves-repeats", type=int, default=None,
+                   help="with --nat: repeats of the NAT'd-as-leaves trials (default --repeats; each can take "
+                        "minutes, since that behaviour may never deliver to every node)")
 
 
 def run(args) -> None:

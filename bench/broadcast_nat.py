@@ -36,8 +36,10 @@ def nat_trials(args, n: int) -> list[dict]:
     # nodes it can no longer reach, which nothing re-admits, so a trial after one would lose them
     first = [c for c in CONFIGS if c[1]]
     last = [c for c in CONFIGS if not c[1]]
+    leaves = args.repeats if args.leaves_repeats is None else args.leaves_repeats
     return [{**base, "set": s, "links": links, "rep": rep}
-            for group in (first, last) for rep in range(args.repeats) for s, links, _ in group]
+            for group, repeats in ((first, args.repeats), (last, leaves)) for rep in range(repeats)
+            for s, links, _ in group]
 
 
 def wait_line(path: Path, prefix: str, proc: subprocess.Popen, timeout: float) -> str:
@@ -113,7 +115,8 @@ def nat_runs(args) -> list[dict]:
 def print_nat(rows: list[dict], args) -> None:
     w = args.rate_mbit * 125_000
     print(f"\n{args.rate_mbit:g} Mbit/s per host, codec {args.codec}, fan-out {args.fan_out}, chunk {args.chunk_kib} KiB, "
-          f"{args.repeats} repeat(s), all public and links interleaved, then as leaves")
+          f"{args.repeats} repeat(s), all public and links interleaved, then as leaves "
+          f"({args.repeats if args.leaves_repeats is None else args.leaves_repeats})")
     print("| nodes | M (wire) | M/W s | best s | median s | median / all-public | NAT'd nodes that relayed | NAT'd leaves | depth | failed trials |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     ref = None
