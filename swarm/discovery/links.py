@@ -103,7 +103,12 @@ class Links:
         return None
 
     def can_link(self, a: str, b: str) -> bool:
-        return self.dial(a, b) is not None
+        """Whether :meth:`dial` finds a way (without building it: planners ask this often)."""
+        if a == b:
+            return False
+        if self.is_dialable(a) or self.is_dialable(b):  # the learner too
+            return True
+        return pair(a, b) in self.punched or pair(a, b) in self.lan
 
     def punched_with(self, peer: str) -> list[str]:
         """The peers ``peer`` punched a hole with, sorted."""

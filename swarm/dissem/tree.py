@@ -41,6 +41,9 @@ from typing import Iterable
 from swarm.discovery.links import LEARNER, Dial, Links, relay_role
 
 MODES = ("tree", "star")
+#: Links a search may test to free a slot for one leaf when a tree's leaves are matched to its
+#: slots (bounds the matching's work on large swarms: about this many tests per leaf at most).
+MATCH_TESTS = 512
 
 
 @dataclass(frozen=True)
@@ -161,28 +164,42 @@ def linked_tree(interior: list[str], rest: list[str], spare: set[str], fan_out: 
         owner = next((o for o in owners[first:] if o[1] > 0 and links.can_link(parent_id(o), pid)), None)
         attach(owner or [None, 0], node)  # nobody else can link with it: the learner
         owners.append([node, fan_out])
-    slots = [o for o in owners for _ in range(o[1])]  # breadth first: shallow slots first
-    taken: dict[int, str] = {}  # slot index -> leaf
+    free = [o for o in owners if o[1] > 0]  # breadth first: shallow parents first
+    held: list[list[str]] = [[] for _ in free]  # the leaves matched to each
+    open_ = list(range(len(free)))  # the parents with a slot left, in order
 
-    def augment(pid: str, seen: set[int]) -> bool:
-        """Give ``pid`` the first free slot it can link with, else one whose leaf can move."""
-        linkable = [i for i, o in enumerate(slots) if i not in seen and links.can_link(parent_id(o), pid)]
-        free = next((i for i in linkable if i not in taken), None)
-        if free is not None:
-            taken[free] = pid
+    def fits(k: int, pid: str) -> bool:
+        return links.can_link(parent_id(free[k]), pid)
+
+    def place(pid: str, seen: set[int], budget: list[int]) -> bool:
+        """``pid`` into the first open parent it links with, else in the place of a matched leaf
+        that moves elsewhere; ``seen``: full parents this search looked into, ``budget``: links it
+        may still test (bounds the work on large swarms; a leaf not placed goes to step 3)."""
+        k = next((k for k in open_ if fits(k, pid)), None)
+        if k is not None:
+            held[k].append(pid)
+            if len(held[k]) == free[k][1]:
+                open_.remove(k)
             return True
-        for i in linkable:
-            if i not in seen:
-                seen.add(i)
-                if augment(taken[i], seen):
-                    taken[i] = pid
+        for k in range(len(free)):
+            if budget[0] <= 0:
+                return False
+            budget[0] -= 1
+            if k in seen or not fits(k, pid):
+                continue
+            seen.add(k)
+            for j, other in enumerate(held[k]):
+                held[k][j] = pid
+                if place(other, seen, budget):
                     return True
+                held[k][j] = other
         return False
 
-    unmatched = [pid for pid in rest if not augment(pid, set())]
-    for i in sorted(taken):
-        node = placed[taken[i]] = TreeNode(taken[i])
-        attach(slots[i], node)
+    unmatched = [pid for pid in rest if not place(pid, set(), [MATCH_TESTS])]
+    for k, leaves in enumerate(held):
+        for pid in leaves:
+            node = placed[pid] = TreeNode(pid)
+            attach(free[k], node)
     extra: list[list] = [[placed[p], fan_out] for p in rest if p in spare and p in placed]
     for pid in unmatched:
         node = placed[pid] = TreeNode(pid)

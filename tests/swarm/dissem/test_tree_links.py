@@ -132,3 +132,15 @@ def test_leaves_fill_the_interior_nodes_slots_before_any_node_relays_in_a_second
     assert not relays[0] & relays[1], relays
     assert all(links.can_link(p, c) for _s, p, c in edges(plan))
 
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_can_link_says_whether_dial_finds_a_way(seed):
+    rng = random.Random(seed)
+    peers = [f"p{i}" for i in range(12)]
+    links = random_links(rng, peers)
+    links = links_from(links.dialable, [(*sorted(p), True, "") for p in links.punched],
+                       lan=[tuple(sorted((a, b))) for a, b in zip(peers[::2], peers[1::2]) if rng.random() < 0.3])
+    for a in peers + [LEARNER]:
+        for b in peers + [LEARNER]:
+            assert links.can_link(a, b) == (links.dial(a, b) is not None), (a, b)
