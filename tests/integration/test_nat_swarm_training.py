@@ -1,5 +1,11 @@
 """A training swarm with most nodes behind NAT: real ``swarm-learner launch`` and ``swarm-node join``.
 
+2026-11-27, idle 2-core machine (load 0.8-1.3, the hole-punch benchmark beside it), with punches
+of about 0.4 s and leaves matched to interior slots: passed in 290 s; rollouts of all 8 nodes
+trained; chunks relayed to other nodes: public n1 102, n2 170; eim n3 68, n4 34, n5 68, n6 68
+(role ``punched``, 4 pairs across the two eim routers punched); symmetric n7, n8 none (``leaf``,
+every hole punch failed, one link inside their network).
+
 2026-11-25, 2-core machine shared with other jobs (``uptime`` load 2.3 at the start, 2.7 at the end):
 passed in 337 s (the learner waited 229 s for all 8 nodes: the model fetches and the symmetric
 nodes' punch rounds; then 3 steps in 68 s). Chunks relayed to other nodes over v0-v2: public n1
