@@ -29,6 +29,11 @@ from pathlib import Path
 CONFIGS = (("public", True, "all public"), ("nat", True, "NAT'd, links"), ("nat", False, "NAT'd as leaves"))
 
 
+def leaves_repeats(args) -> int:
+    """Repeats of the trials "as leaves" (``--leaves-repeats``, else ``--repeats``)."""
+    return args.repeats if args.leaves_repeats is None else args.leaves_repeats
+
+
 def nat_trials(args, n: int) -> list[dict]:
     base = {"mode": "tree", "n": n, "rank": int(args.ranks.split(",")[0]), "codec": args.codec,
             "fan_out": args.fan_out, "stripes": args.stripes, "chunk_bytes": args.chunk_kib * 1024}
@@ -36,9 +41,8 @@ def nat_trials(args, n: int) -> list[dict]:
     # nodes it can no longer reach, which nothing re-admits, so a trial after one would lose them
     first = [c for c in CONFIGS if c[1]]
     last = [c for c in CONFIGS if not c[1]]
-    leaves = args.repeats if args.leaves_repeats is None else args.leaves_repeats
     return [{**base, "set": s, "links": links, "rep": rep}
-            for group, repeats in ((first, args.repeats), (last, leaves)) for rep in range(repeats)
+            for group, repeats in ((first, args.repeats), (last, leaves_repeats(args))) for rep in range(repeats)
             for s, links, _ in group]
 
 
@@ -116,7 +120,7 @@ def print_nat(rows: list[dict], args) -> None:
     w = args.rate_mbit * 125_000
     print(f"\n{args.rate_mbit:g} Mbit/s per host, codec {args.codec}, fan-out {args.fan_out}, chunk {args.chunk_kib} KiB, "
           f"{args.repeats} repeat(s), all public and links interleaved, then as leaves "
-          f"({args.repeats if args.leaves_repeats is None else args.leaves_repeats})")
+          f"({leaves_repeats(args)})")
     print("| nodes | M (wire) | M/W s | best s | median s | median / all-public | NAT'd nodes that relayed | NAT'd leaves | depth | failed trials |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     ref = None

@@ -151,6 +151,9 @@ def linked_tree(interior: list[str], rest: list[str], spare: set[str], fan_out: 
     def parent_id(owner) -> str:
         return owner[0].peer_id if owner[0] is not None else LEARNER
 
+    def beyond() -> list:  # the learner, as a parent past its ``root_children`` slots
+        return [None, 0]
+
     def attach(owner, node: TreeNode) -> None:
         (owner[0].children if owner[0] is not None else roots).append(node)
         owner[1] -= 1
@@ -162,7 +165,7 @@ def linked_tree(interior: list[str], rest: list[str], spare: set[str], fan_out: 
         while first < len(owners) and owners[first][1] == 0:
             first += 1
         owner = next((o for o in owners[first:] if o[1] > 0 and links.can_link(parent_id(o), pid)), None)
-        attach(owner or [None, 0], node)  # nobody else can link with it: the learner
+        attach(owner or beyond(), node)  # no interior parent can link with it
         owners.append([node, fan_out])
     free = [o for o in owners if o[1] > 0]  # breadth first: shallow parents first
     held: list[list[str]] = [[] for _ in free]  # the leaves matched to each
@@ -206,7 +209,7 @@ def linked_tree(interior: list[str], rest: list[str], spare: set[str], fan_out: 
         linked = [o for o in extra if o[1] > 0 and links.can_link(o[0].peer_id, pid)]
         owner = min(linked, key=lambda o: load.get(o[0].peer_id, 0), default=None)
         if owner is None or load.get(LEARNER, 0) < load.get(owner[0].peer_id, 0):
-            owner = [None, 0]
+            owner = beyond()
         attach(owner, node)
         if pid in spare:
             extra.append([node, fan_out])

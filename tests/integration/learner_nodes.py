@@ -51,9 +51,9 @@ def spawn(addr: str, tmp: Path, node: Node) -> subprocess.Popen:
 
 def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[Node], seconds: float) -> dict:
     """The run to its end (``trio.TooSlowError`` after ``seconds``). Returns ``svc`` (the
-    learner's service), ``procs``, ``logs`` and ``peer_of`` (node name -> text and peer id, from
-    the node's ``[name] peer ...`` line; None if it never joined), the metrics ``rows`` and the
-    work ledger ``work`` of ``swarm.json``."""
+    learner's service), ``procs``, ``logs`` (node name -> its log's text), ``peer_of`` (node name
+    -> peer id, from the node's ``[name] peer ...`` line; None if it never joined), the metrics
+    ``rows`` and the work ledger ``work`` of ``swarm.json``."""
     procs: list[subprocess.Popen] = []
     seen: dict = {}
 

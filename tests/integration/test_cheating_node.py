@@ -3,18 +3,14 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-import trio
 
 from learner.config import LearnerConfig
-from learner.demo import stop_processes
-from learner.loop import run_learner
 from learner.metrics import read_metrics
 from swarm.config import load_config
-from tests.integration.learner_nodes import Node, spawn
+from tests.integration.learner_nodes import Node
 from tests.integration.learner_nodes import run as run_with_nodes
 
 pytestmark = pytest.mark.integration
@@ -28,9 +24,10 @@ def config(*extra: str) -> LearnerConfig:
         "sync.lease_timeout_s=600", "dissem.mode=direct", *extra])
 
 
-def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[tuple[str, str | None]], seconds: float) -> dict:
-    """Learner in this process, ``nodes`` (name, cheat mode or None) as processes."""
-    return run_with_nodes(tmp_path, cfg, [Node(name, mode) for name, mode in nodes], seconds)
+def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[tuple[str, str | None] | Node], seconds: float) -> dict:
+    """Learner in this process, ``nodes`` ((name, cheat mode or None), or a whole
+    :class:`~tests.integration.learner_nodes.Node`) as processes."""
+    return run_with_nodes(tmp_path, cfg, [n if isinstance(n, Node) else Node(*n) for n in nodes], seconds)
 
 
 def test_a_nodes_malformed_pushes_never_stall_a_step(tmp_path):
@@ -64,24 +61,8 @@ def test_allowlist_run_refuses_a_stranger_with_a_reason_and_admits_a_token_holde
 
     token = mint_token(load_or_create_secret(tmp_path / "run" / "identity"), time.time() + 600)
     cfg = config("network.admission=\"allowlist\"", "network.refused_retry_s=7.5")
-    procs: list[subprocess.Popen] = []
-    seen: dict = {}
-
-    async def main():
-        with trio.fail_after(600):
-            async with trio.open_nursery() as nursery:
-                addrs = await nursery.start(lambda task_status: run_learner(
-                    cfg, tmp_path / "run", console=lambda s: None,
-                    on_service=lambda s: seen.setdefault("svc", s), task_status=task_status))
-                procs.append(spawn(addrs[0], tmp_path, Node("stranger")))
-                procs.append(spawn(addrs[0], tmp_path, Node("member", extra=("--token", token))))
-
-    try:
-        trio.run(main)
-    finally:
-        for p in procs[:1]:
-            p.terminate()
-        stop_processes(procs, 20)
+    # the stranger retries until it is stopped: the helper terminates it after the run's grace
+    seen = run(tmp_path, cfg, [("stranger", None), Node("member", extra=("--token", token))], seconds=600)
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     svc = seen["svc"]
