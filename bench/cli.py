@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
+
+from common.version import version_line
 
 #: sub-command -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -35,6 +38,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarm-bench", description="echo-swarm benchmarks")
+    parser.add_argument("--version", action="version", version=version_line("swarm-bench"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
@@ -44,10 +48,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_status(result: object) -> int:
+    """A sub-command's ``run`` returns its exit status (an int), or a result (a dict of figures,
+    None) that means success; a failure it cannot return raises (``SystemExit`` with a message)."""
+    if isinstance(result, bool) or not isinstance(result, int):
+        return 0
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args._run(args)
-    return 0
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return exit_status(args._run(args))
+    except KeyboardInterrupt:
+        print(f"swarm-bench {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.version import version_line
 from learner.admission import load_or_create_secret, mint_token
 from learner.config import LearnerConfig
 from learner.distributed import env_context
@@ -22,6 +23,7 @@ from learner.identity import default_data_dir
 from learner.launch_gpus import run_ranks, spawn_torchrun, under_torchrun
 from learner.memory import SequenceTooLongError
 from learner.report import write_report
+from learner.run_dir import clear_outputs, reuse_problem
 from swarm.config import ConfigError, Shortcut, add_shortcuts, load_config, shortcut_overrides
 from swarm.quiet import quiet_libp2p
 
@@ -35,7 +37,8 @@ NETWORK_FLAGS = (S("--listen", "network.listen", metavar="MULTIADDR"),
 LAUNCH_FLAGS = (S("--device", "train.device", metavar="DEV"),)
 #: ``launch`` and ``demo`` (one or the other: a mutually exclusive group).
 DASHBOARD_FLAGS = (S("--dashboard", "dashboard.listen", metavar="HOST:PORT", also=(("dashboard.enabled", True),)),
-                   S("--no-dashboard", "dashboard.enabled", const=False))
+                   S("--no-dashboard", "dashboard.enabled", const=False,
+                     help="do not serve the live dashboard"))
 #: ``demo`` and ``eval``: the task and the seeds.
 TASK_FLAGS = (S("--task", "task.name", metavar="NAME"), S("--seed", ("task.seed", "train.seed")))
 #: ``launch`` and ``demo``: figures also to TensorBoard / W&B (``learner/report_to.py``).
@@ -47,6 +50,7 @@ DEMO_FLAGS = (S("--steps", "train.steps"), S("--mode", "sync.mode"),
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="swarm-learner", description="Central GRPO learner of an echo-swarm.")
+    p.add_argument("--version", action="version", version=version_line("swarm-learner"))
     p.add_argument("-v", "--verbose", action="store_true", help="log every join, lease expiry and rejection")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -56,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field, e.g. --set train.steps=20 (repeatable)")
     la.add_argument("--resume", action="store_true", help="continue from the run dir's latest checkpoint")
+    add_overwrite_argument(la)
     add_network_arguments(la)
     add_shortcuts(la, LearnerConfig, LAUNCH_FLAGS + REPORT_FLAGS)
     la.add_argument("--gpus", type=int, default=1, metavar="N",
@@ -74,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "for the model (the learner forms one 3-stage pipeline of them) and one llama.cpp node")
     add_shortcuts(de, LearnerConfig, DEMO_FLAGS + TASK_FLAGS + REPORT_FLAGS)
     de.add_argument("--run-dir", type=Path, default=None, help="output directory (default runs/demo-<timestamp>)")
+    add_overwrite_argument(de)
     de.add_argument("--config", type=Path, default=None, help="optional TOML config to start from")
     de.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field (repeatable)")
@@ -103,6 +109,24 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field, e.g. --set task.options.max_people=3 (repeatable)")
     return p
+
+
+def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --run-dir (its outputs are deleted; identity/, the key, is kept); "
+                        "without it a run dir that holds a run is refused")
+
+
+def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> Path:
+    """Refuse to reuse a run dir silently (:mod:`learner.run_dir`); clear it on ``--overwrite``."""
+    problem = reuse_problem(run_dir, resume, overwrite)
+    if problem:
+        raise ConfigError(problem)
+    if overwrite:
+        removed = clear_outputs(run_dir)
+        if removed:
+            print(f"swarm-learner: --overwrite: removed {', '.join(removed)} from {run_dir}", flush=True)
+    return run_dir
 
 
 def add_dashboard_arguments(p: argparse.ArgumentParser) -> None:
@@ -154,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             flags = shortcut_overrides(args, LAUNCH_FLAGS + DASHBOARD_FLAGS + REPORT_FLAGS) + network_overrides(args)
             cfg = validate(load_config(LearnerConfig, args.config, [*args.overrides, *flags]))
             run_dir = args.run_dir or _default_run_dir("")
+            if not under_torchrun():  # ranks of a torchrun launch share the run dir their parent checked
+                prepare_run_dir(run_dir, args.resume, args.overwrite)
             if args.gpus < 1:
                 raise ConfigError("--gpus must be >= 1")
             if args.gpus > 1 and not under_torchrun():
@@ -174,9 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.pipeline:
             if backends or threads:
                 raise ConfigError("--pipeline picks the nodes itself; leave out --backends and --node-threads")
-            return run_pipeline_demo(cfg, args.run_dir or _default_run_dir("demo-pipeline-"))
-        return run_demo(cfg, args.nodes, args.run_dir or _default_run_dir("demo-"), backends or None,
-                        node_threads=threads)
+            run_dir = prepare_run_dir(args.run_dir or _default_run_dir("demo-pipeline-"), False, args.overwrite)
+            return run_pipeline_demo(cfg, run_dir)
+        run_dir = prepare_run_dir(args.run_dir or _default_run_dir("demo-"), False, args.overwrite)
+        return run_demo(cfg, args.nodes, run_dir, backends or None, node_threads=threads)
     except ConfigError as e:
         print(f"swarm-learner: config error: {e}", file=sys.stderr)
         return 2

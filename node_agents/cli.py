@@ -12,6 +12,7 @@ import logging
 import re
 import sys
 
+from common.version import version_line
 from node_agents.config import NodeConfig
 from node_agents.hardware import choose_backend, detect, installed_backends
 from node_agents.models import resolve_for_backend
@@ -41,7 +42,8 @@ JOIN_FLAGS = (
     S("--backend", "backend"), S("--model", "model"), S("--quant", "quant"), S("--max-model-gb", "max_model_gb"), S("--device", "device"),
     S("--dtype", "dtype"), S("--data-dir", "data_dir"), S("--listen", "listen", metavar="MULTIADDR"),
     S("--upload-mbps", "upload_mbps"), S("--threads", "threads"), S("--max-groups", "max_groups"),
-    S("--max-retries", "max_retries"), S("--token", "join_token"), S("--no-probe", "probe", const=False),
+    S("--max-retries", "max_retries"), S("--token", "join_token"), S("--no-probe", "probe", const=False,
+      help="skip the generation-speed probe at join (the hello then reports no speed)"),
     S("--max-memory", "max_memory_bytes", parse=parse_size, metavar="SIZE"),
     S("--stage", "stage", const=True), S("--wire-dtype", "wire_dtype"),
     S("--relay", "relay", const=True),
@@ -50,6 +52,7 @@ JOIN_FLAGS = (
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="swarm-node", description="Generate rollouts for an echo-swarm learner.")
+    p.add_argument("--version", action="version", version=version_line("swarm-node"))
     sub = p.add_subparsers(dest="command", required=True)
     j = sub.add_parser("join", help="connect to a learner and serve its work leases until the run ends")
     add_shortcuts(j, NodeConfig, JOIN_FLAGS)

@@ -199,6 +199,9 @@ class Shortcut:
     parse: Callable[[str], Any] | None = None
     #: Placeholder in ``--help``.
     metavar: str | None = None
+    #: ``--help`` text of a flag without a value (``const``), which says what giving it does; the
+    #: field's own comment describes the field, often the opposite of a ``--no-...`` flag.
+    help: str = ""
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -222,8 +225,14 @@ def add_shortcuts(parser: Any, cls: type, shortcuts: tuple[Shortcut, ...]) -> No
         doc = " ".join(_help_text(d) for _, d, _ in infos if d)
         where = ", ".join(sc.fields)
         if sc.const is not None:
+            if sc.help:
+                said = f"{_help_text(sc.help)} "
+            elif sc.const is True:  # the field's comment says what turning it on does
+                said = f"{doc} "
+            else:
+                raise ValueError(f"{sc.flag}: a flag that sets {where} = {_toml_value(sc.const)} needs its own help text")
             parser.add_argument(sc.flag, dest=sc.dest, action="store_const", const=sc.const, default=None,
-                                help=f"set {where} = {_toml_value(sc.const)}. {doc}")
+                                help=f"{said}(sets {where} = {_toml_value(sc.const)}; default {_toml_value(default)})")
             continue
         kwargs: dict[str, Any] = {"dest": sc.dest, "default": None, "metavar": sc.metavar}
         if get_origin(tp) in (typing.Union, types.UnionType):

@@ -31,19 +31,27 @@ SPEC_KEYS = ("tok_s", "group_s", "cost_h", "avail", "down_mbps", "up_mbps", "max
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="profile file written by `swarm-bench profile`")
+    parser.add_argument("--config", metavar="TOML",
+                        help="the learner's run config (configs/*.toml): batch shape, staleness and dissemination "
+                             "(fan-out, chunk size, mode) are read from it; without it the learner's defaults")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field of that config, as swarm-learner launch --set (repeatable)")
     parser.add_argument("--workers", action="append", default=[], metavar="SPEC", help="worker class NAME[:key=value,...]")
     parser.add_argument("--prompts-per-step", type=int, help="GRPO groups per step (default: the profile's)")
     parser.add_argument("--group-size", type=int, help="completions per group (default: the profile's)")
     parser.add_argument("--max-tokens", type=int, help="max tokens per completion (default: the profile's)")
     parser.add_argument("--train-s", type=float, help="learner step seconds (default: the profile's, scaled)")
     parser.add_argument("--overhead-s", type=float, default=0.0, help="other learner seconds per step")
-    parser.add_argument("--staleness", default="0,1,2,4", help="comma-separated staleness bounds S to plan for")
+    parser.add_argument("--staleness", default=None,
+                        help="comma-separated staleness bounds S to plan for (default 0,1,2,4; with --config, "
+                             "its sync.max_staleness)")
     parser.add_argument("--target", type=float, default=0.95, help="target learner utilisation for the planner")
     parser.add_argument("--adapter-mb", type=float, help="adapter size as sent, MB (default: the profile's fp16 size)")
     parser.add_argument("--learner-up-mbps", type=float, default=1000.0, help="learner upload, Mbit/s (0: unlimited)")
-    parser.add_argument("--topology", choices=["tree", "star"], default="tree", help="adapter dissemination")
-    parser.add_argument("--fanout", type=int, default=4, help="children per relay in the tree")
-    parser.add_argument("--chunk-kb", type=float, default=1024.0, help="relay chunk size, KiB")
+    parser.add_argument("--topology", choices=["tree", "star"], default=None,
+                        help="adapter dissemination (default: the config's dissem.mode; direct counts as star)")
+    parser.add_argument("--fanout", type=int, default=None, help="children per relay in the tree (default: dissem.fan_out)")
+    parser.add_argument("--chunk-kb", type=float, default=None, help="relay chunk size, KiB (default: dissem.chunk_bytes)")
     parser.add_argument("--learner-cost-h", type=float, default=0.0, help="learner price per hour")
     parser.add_argument("--simulate", type=int, default=0, metavar="STEPS", help="also simulate each plan for STEPS steps")
     parser.add_argument("--jitter", type=float, default=0.1, help="simulation: coefficient of variation of group time")
@@ -92,6 +100,39 @@ def parse_spec(spec: str, profile: dict | None, group_size: int, ctoks: float) -
                      down_Bps=mbps("down_mbps"), up_Bps=mbps("up_mbps"), max_count=int(kv.get("max", 64)),
                      session_s=kv.get("session_s", INF))
     return wc, (int(kv["count"]) if "count" in kv else None)
+
+
+def learner_config(path: str | None, overrides: list[str]):
+    """The learner's :class:`~learner.config.LearnerConfig`: the file's, or the defaults ``launch`` uses."""
+    from learner.config import LearnerConfig
+    from swarm.config import ConfigError, load_config
+
+    try:
+        return load_config(LearnerConfig, Path(path) if path else None, overrides)
+    except (ConfigError, OSError) as e:
+        raise ValueError(f"--config: {e}") from None
+
+
+def apply_learner_config(args: argparse.Namespace, cfg) -> None:
+    """Fill what the command line left out from the learner's config: dissemination always (so the
+    planner models the tree the learner builds), the batch shape and staleness when ``--config`` names
+    a run (without it they come from the profile, as before)."""
+    d = cfg.dissem
+    if args.topology is None:
+        args.topology = "tree" if d.mode == "tree" else "star"
+    if args.fanout is None:
+        args.fanout = d.fan_out
+    if args.chunk_kb is None:
+        args.chunk_kb = d.chunk_bytes / 1024
+    if args.config:
+        t = cfg.train
+        args.prompts_per_step = args.prompts_per_step or t.prompts_per_step
+        args.group_size = args.group_size or t.group_size
+        args.max_tokens = args.max_tokens or t.max_tokens
+        if args.staleness is None:
+            args.staleness = str(cfg.sync.max_staleness)
+    if args.staleness is None:
+        args.staleness = "0,1,2,4"
 
 
 def build(args: argparse.Namespace) -> tuple[Workload, list[WorkerClass], list[int | None], Network]:
@@ -151,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
         print(report(v))
         return 0
     try:
+        apply_learner_config(args, learner_config(args.config, args.overrides))
         staleness = [int(x) for x in args.staleness.split(",") if x.strip()]
         workload, classes, fixed, net = build(args)
     except (ValueError, KeyError) as e:

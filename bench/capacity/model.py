@@ -137,10 +137,10 @@ class Network:
     """Size M of one published adapter, bytes (as sent: after any compression)."""
     topology: Literal["tree", "star"] = "tree"
     """``star``: the learner sends every node a copy; ``tree``: pipelined relay tree."""
-    fanout: int = 4
-    """Children per relay in the tree (the learner is the root)."""
-    chunk_bytes: float = 1 << 20
-    """Chunk size of the pipelined tree relay, bytes."""
+    fanout: int = 2
+    """Children per relay in the tree (the learner is the root); ``dissem.fan_out``'s default."""
+    chunk_bytes: float = 256 * 1024
+    """Chunk size of the pipelined tree relay, bytes; ``dissem.chunk_bytes``'s default."""
     learner_up_Bps: float = INF
     """The learner's upload bandwidth, bytes/s."""
 

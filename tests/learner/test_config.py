@@ -65,7 +65,7 @@ def test_shortcut_flags_take_type_choices_and_help_from_the_field():
     p = argparse.ArgumentParser()
     add_shortcuts(p, LearnerConfig, (Shortcut("--mode", "sync.mode"), Shortcut("--steps", "train.steps"),
                                      Shortcut("--seed", ("task.seed", "train.seed")),
-                                     Shortcut("--no-dashboard", "dashboard.enabled", const=False)))
+                                     Shortcut("--no-dashboard", "dashboard.enabled", const=False, help="no dashboard")))
     acts = {a.option_strings[0]: a for a in p._actions if a.option_strings and a.dest != "help"}
     assert acts["--mode"].choices == ["sequential", "async"] and acts["--steps"].type is int
     assert "Learner steps" in acts["--steps"].help and "train.steps" in acts["--steps"].help
@@ -76,6 +76,22 @@ def test_shortcut_flags_take_type_choices_and_help_from_the_field():
     assert (cfg.train.steps, cfg.task.seed, cfg.train.seed, cfg.dashboard.enabled) == (3, 7, 7, False)
     with pytest.raises(SystemExit):
         p.parse_args(["--mode", "eager"])
+
+
+def test_a_flag_that_turns_a_field_off_says_so_not_the_fields_comment():
+    # the field's comment describes the field ("Serve the dashboard"), the opposite of what --no-... does
+    with pytest.raises(ValueError, match="needs its own help text"):
+        add_shortcuts(argparse.ArgumentParser(), LearnerConfig, (Shortcut("--no-dashboard", "dashboard.enabled", const=False),))
+    from learner.cli import build_parser as learner_parser
+    from node_agents.cli import build_parser as node_parser
+
+    def help_of(parser, command, flag):
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+        return next(a for a in sub._actions if flag in a.option_strings).help
+
+    assert help_of(learner_parser(), "demo", "--no-dashboard").startswith("do not serve")
+    assert help_of(node_parser(), "join", "--no-probe").startswith("skip the generation-speed probe")
+    assert "Join as a stage node" in help_of(node_parser(), "join", "--stage")  # on-flags keep the field's words
 
 
 def test_learner_flags_not_given_keep_the_config_values(tmp_path):

@@ -69,3 +69,38 @@ def test_help_lists_the_new_subcommands(capsys):
         build_parser().parse_args(["--help"])
     out = capsys.readouterr().out
     assert "profile" in out and "capacity" in out
+
+
+def _args(argv):
+    import argparse
+
+    from bench.capacity.cli import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_the_planner_models_the_tree_the_learner_builds():
+    from bench.capacity.cli import apply_learner_config, learner_config
+    from learner.config import DissemConfig
+
+    args = _args(["--train-s", "10"])
+    apply_learner_config(args, learner_config(None, []))
+    d = DissemConfig()
+    assert (args.fanout, args.chunk_kb * 1024, args.topology) == (d.fan_out, d.chunk_bytes, d.mode)
+    assert args.staleness == "0,1,2,4" and args.prompts_per_step is None  # the batch comes from the profile
+
+
+def test_a_run_config_sets_batch_staleness_and_tree(tmp_path):
+    from bench.capacity.cli import apply_learner_config, learner_config
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("[train]\nprompts_per_step = 4\ngroup_size = 6\nmax_tokens = 96\n[sync]\nmode = \"async\"\n"
+                   "max_staleness = 3\n[dissem]\nfan_out = 3\nchunk_bytes = 131072\n")
+    args = _args(["--config", str(cfg), "--set", "dissem.mode=\"star\"", "--group-size", "10"])
+    apply_learner_config(args, learner_config(args.config, args.overrides))
+    assert (args.prompts_per_step, args.group_size, args.max_tokens) == (4, 10, 96)  # the flag wins over the file
+    assert (args.staleness, args.fanout, args.chunk_kb, args.topology) == ("3", 3, 128.0, "star")
+    with pytest.raises(ValueError, match="--config"):
+        learner_config(str(tmp_path / "missing.toml"), [])
