@@ -96,10 +96,13 @@ class EvalResult:
 
 
 def score(label: str, rewards: list[float], seconds: float = 0.0) -> EvalResult:
-    """Accuracy (reward >= 1.0 counts as correct), mean reward and the Wilson interval."""
-    correct = sum(r >= 1.0 for r in rewards)
+    """Accuracy (reward >= 1.0 counts as correct), mean reward and the Wilson interval; a
+    completion without a reward (``NaN``, logged by the task) counts as wrong and is left out
+    of the mean."""
+    correct = sum(r >= 1.0 for r in rewards if math.isfinite(r))
     lo, hi = wilson_interval(correct, len(rewards))
-    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    finite = [r for r in rewards if math.isfinite(r)]
+    mean = sum(finite) / len(finite) if finite else 0.0
     return EvalResult(label, len(rewards), correct, mean, lo, hi, seconds)
 
 
