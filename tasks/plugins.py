@@ -4,6 +4,7 @@
 
 - a built-in name (``arith``, ``math``, ``knights``, ``sokoban``, ``data``);
 - ``rg:<dataset>``: a reasoning-gym generator (:mod:`tasks.rg`);
+- ``vf:<taskset>``: a verifiers environment (:mod:`tasks.vf_env`);
 - ``package.module:factory``: ``factory`` is imported from ``package.module`` (the current
   directory is searched too, after everything installed);
 - ``path/to/file.py:factory``: ``factory`` from a Python file (relative to the current
@@ -54,6 +55,9 @@ BUILTIN_TASKS = ("arith", "math", "knights", "sokoban", "data")
 RG_PREFIX = "rg:"
 """``task.name`` prefix of reasoning-gym datasets."""
 
+VF_PREFIX = "vf:"
+"""``task.name`` prefix of verifiers environments (:mod:`tasks.vf_env`)."""
+
 REQUIRED_METHODS = ("problem", "render_prompt", "reward")
 """What every task object must offer (:class:`tasks.interface.SingleTurnTask`)."""
 
@@ -61,7 +65,7 @@ _PATH = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_
 _PLAIN = re.compile(r"[A-Za-z_][\w.-]*", re.ASCII)
 _FILE = re.compile(r"([^:]+\.py):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)", re.ASCII)
 
-Kind = Literal["builtin", "rg", "path", "file", "entry_point"]
+Kind = Literal["builtin", "rg", "vf", "path", "file", "entry_point"]
 
 
 class TaskNotInstalled(ValueError):
@@ -88,6 +92,12 @@ def parse_task_name(name: Any) -> TaskRef:
         if not re.fullmatch(r"[A-Za-z0-9_]+", dataset, re.ASCII):
             raise ValueError(f"task.name {name!r}: rg:<dataset> needs a reasoning-gym dataset name, e.g. rg:basic_arithmetic")
         return TaskRef("rg", dataset)
+    if name.startswith(VF_PREFIX):
+        taskset = name[len(VF_PREFIX):]
+        if not re.fullmatch(r"([A-Za-z0-9][\w.-]*/)?[A-Za-z_][\w-]*(@[\w.+-]+)?", taskset, re.ASCII):
+            raise ValueError(f"task.name {name!r}: vf:<taskset> needs a verifiers taskset id (an installed module "
+                             "name, or owner/name), e.g. vf:my_env")
+        return TaskRef("vf", taskset)
     if _FILE.fullmatch(name):
         return TaskRef("file", name)
     if ":" in name:
