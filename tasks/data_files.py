@@ -1,9 +1,11 @@
 """``data``: prompts and reference answers from a local file or a Hugging Face dataset, and rewards.
 
 ``path`` is a local ``.jsonl``/``.json``, ``.parquet`` or ``.csv`` file (read with ``datasets``'
-local builders), or a dataset on the Hugging Face Hub by name (``org/name``), loaded with
-``datasets.load_dataset(path, subset, revision=revision, split=train_split)`` from the Hub
-cache (``HF_HUB_OFFLINE=1`` reads the cache alone; ``revision`` pins a branch, tag or commit).
+local builders), or a dataset on the Hugging Face Hub by name (``org/name``): its snapshot at
+``revision`` (a branch, tag or commit) comes from the Hub cache through ``huggingface_hub``
+(downloaded once; ``HF_HUB_OFFLINE=1`` reads the cache alone) and is loaded as a local dataset
+directory, ``datasets.load_dataset(snapshot, subset, split=train_split)`` (its README's configs
+and the Hub's split file names apply).
 ``prompt_column`` and ``answer_column`` name the columns; rows with an empty prompt are skipped
 (logged). A prompt is a string, or a list of chat messages (``{"role", "content"}``: a
 conversational dataset, as TRL's).
@@ -147,11 +149,12 @@ def _load(cfg: DataConfig, columns: tuple[str, ...]) -> list[dict[str, Any]]:
             raise ValueError(f"{p}: cannot read it as {FORMATS[p.suffix.lower()]}: {type(e).__name__}: {e}") from None
         tables = [(ds, "")]
     else:
+        local = hub_dataset_dir(cfg.path, cfg.revision)
         splits = [(cfg.train_split, "")] + ([(cfg.eval_split, "eval")] if cfg.eval_split else [])
         tables = []
         for split, mark in splits:
             try:
-                ds = datasets.load_dataset(cfg.path, cfg.subset or None, revision=cfg.revision or None, split=split)
+                ds = datasets.load_dataset(str(local), cfg.subset or None, split=split)
             except Exception as e:  # not in the cache offline, no such split, no such dataset: say which
                 raise ValueError(f"Hub dataset {cfg.path!r} (revision {cfg.revision or 'default'}, split {split!r}): "
                                  f"cannot load it: {type(e).__name__}: {e}") from None
@@ -163,6 +166,20 @@ def _load(cfg: DataConfig, columns: tuple[str, ...]) -> list[dict[str, Any]]:
             raise ValueError(f"{cfg.path}: no column(s) {missing}; columns: {ds.column_names}")
         rows += [{**r, SPLIT_KEY: mark} if mark else r for r in ds.to_list()]
     return rows
+
+
+def hub_dataset_dir(name: str, revision: str = "") -> Path:
+    """The snapshot directory of Hub dataset ``name`` at ``revision`` (``huggingface_hub``: fetched
+    once into the Hub cache, or found there; ``HF_HUB_OFFLINE=1`` reads the cache alone). It is
+    then read as a local dataset directory: its README's configs and the Hub's split file names."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, repo_type="dataset", revision=revision or None))
+    except Exception as e:
+        raise ValueError(f"Hub dataset {name!r} (revision {revision or 'main'}): cannot resolve it: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (offline, only the Hub "
+                         "cache is read)") from None
 
 
 def read_rows(cfg: DataConfig) -> list[dict[str, Any]]:
