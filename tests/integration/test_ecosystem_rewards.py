@@ -85,7 +85,7 @@ class GuessEnv(vf.Env[GuessEnvConfig]):
 __all__ = ["GuessTaskset", "GuessEnv"]
 '''
 
-BASE = ['network.listen="/ip4/127.0.0.1/tcp/0"', "train.steps=2", "train.prompts_per_step=2", "train.group_size=4",
+BASE = ['network.listen="/ip4/127.0.0.1/tcp/0"', "train.steps=2", "train.prompts_per_step=2", "train.group_size=2",
         "train.micro_batch=4", "train.checkpoint_every=0", "sync.long_poll_s=1.0", 'dissem.mode="direct"',
         "dashboard.enabled=false", "verify.enabled=false"]
 
@@ -95,6 +95,7 @@ def write_rows(path: Path) -> Path:
     return path
 
 
+@pytest.mark.timeout(1500)  # about a minute on an idle machine; the limit covers a loaded one
 def test_a_trl_and_a_verifiers_style_reward_train_two_steps(tmp_path, monkeypatch):
     (tmp_path / "echo_it_rewards.py").write_text(TRL_REWARDS)
     log = tmp_path / "calls.jsonl"
@@ -105,32 +106,33 @@ def test_a_trl_and_a_verifiers_style_reward_train_two_steps(tmp_path, monkeypatc
         'task.name="data"', f'task.options.path="{data}"', 'task.options.prompt_column="question"',
         'task.options.reward=["echo_it_rewards:numbers_reward", "echo_it_rewards:exact_reward"]',
         "task.options.reward_weights=[0.5, 2.0]", "train.max_tokens=12"])
-    out = run_with_nodes(tmp_path, cfg, [Node("n0", threads=2)], 600)
+    out = run_with_nodes(tmp_path, cfg, [Node("n0", threads=2)], 1400)
     rows = out["rows"]
-    assert [r["step"] for r in rows] == [1, 2] and all(r["samples"] == 8 for r in rows), out["logs"]["n0"]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["samples"] == 4 for r in rows), out["logs"]["n0"]
     assert all(r["reward_errors"] == 0 for r in rows)
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     batch = [c for c in calls if c["fn"] == "batch"]
-    # one validation call at build (one completion), then one call per trained group of 4
+    # one validation call at build (one completion), then one call per trained group of 2
     assert batch[0]["n"] == 1 and len(batch) >= 1 + 4
     trained = batch[-4:]
-    assert all(c["n"] == 4 and c["prompts"] == 1 and len(set(c["difficulty"])) == 1 for c in trained)
+    assert all(c["n"] == 2 and c["prompts"] == 1 and len(set(c["difficulty"])) == 1 for c in trained)
     assert all(min(c["ids"]) >= 1 for c in trained)  # the completion token ids, as TRL passes them
     assert {"trainer_state", "log_extra", "log_metric", "answer", "question"} <= set(trained[0]["kwargs"])
-    assert sum(c["fn"] == "keyword" for c in calls) >= 1 + 16
+    assert sum(c["fn"] == "keyword" for c in calls) >= 1 + 8
     for r in rows:  # each reward is 0.5 * (+-1) + 2 * (0 or 1): the mean lies in [-0.5, 2.5]
         assert -0.5 <= r["reward_mean"] <= 2.5
 
 
+@pytest.mark.timeout(1500)
 def test_a_verifiers_environment_trains_two_steps(tmp_path, monkeypatch):
     (tmp_path / "echo_it_game.py").write_text(GAME)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     cfg = load_config(LearnerConfig, None, BASE + [
         'task.name="vf:echo_it_game"', "task.multi_turn=true", "task.max_turns=2", "train.max_tokens=6"])
-    out = run_with_nodes(tmp_path, cfg, [Node("n0", threads=2)], 600)
+    out = run_with_nodes(tmp_path, cfg, [Node("n0", threads=2)], 1400)
     rows, node_log = out["rows"], out["logs"]["n0"]
-    assert [r["step"] for r in rows] == [1, 2] and all(r["samples"] == 8 for r in rows), node_log
+    assert [r["step"] for r in rows] == [1, 2] and all(r["samples"] == 4 for r in rows), node_log
     assert all(r["reward_errors"] == 0 for r in rows), rows
     assert "v0 lease" in node_log and out["procs"][0].returncode == 0, node_log
     assert out["svc"].coordinator.counts() == {"trained": 4}

@@ -46,9 +46,10 @@ def demo(hub, run_dir: Path, *sets: str, steps: int = 1) -> subprocess.Completed
            "--set", "verify.enabled=false"]
     for s in sets:
         cmd += ["--set", s]
-    return subprocess.run(cmd, cwd=run_dir.parent, capture_output=True, text=True, timeout=900, env=hub["env"])
+    return subprocess.run(cmd, cwd=run_dir.parent, capture_output=True, text=True, timeout=1400, env=hub["env"])
 
 
+@pytest.mark.timeout(1500)
 def test_a_hub_model_and_dataset_train_a_step_offline(hub, tmp_path):
     proc = demo(hub, tmp_path / "run", 'model.name="echo-test/tiny-qwen3"', f'model.revision="{hub["commit"]}"',
                 'task.options.path="echo-test/sums"', 'task.options.eval_split="test"',
@@ -62,6 +63,7 @@ def test_a_hub_model_and_dataset_train_a_step_offline(hub, tmp_path):
     assert "convert" in node_logs or "gguf" in node_logs.lower(), node_logs[-3000:]
 
 
+@pytest.mark.timeout(900)
 def test_an_uncached_revision_is_a_clear_error(hub, tmp_path):
     proc = demo(hub, tmp_path / "run", 'model.name="echo-test/tiny-qwen3"', 'model.revision="v9"')
     assert proc.returncode != 0
