@@ -123,6 +123,7 @@ def test_a_trl_and_a_verifiers_style_reward_train_two_steps(tmp_path, monkeypatc
         assert -0.5 <= r["reward_mean"] <= 2.5
 
 
+@pytest.mark.slow  # two multi-turn steps: 11 min at load 20 (337 s a step); run by make test-slow
 @pytest.mark.timeout(1500)
 def test_a_verifiers_environment_trains_two_steps(tmp_path, monkeypatch):
     (tmp_path / "echo_it_game.py").write_text(GAME)

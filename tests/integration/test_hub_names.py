@@ -49,6 +49,7 @@ def demo(hub, run_dir: Path, *sets: str, steps: int = 1) -> subprocess.Completed
     return subprocess.run(cmd, cwd=run_dir.parent, capture_output=True, text=True, timeout=1400, env=hub["env"])
 
 
+@pytest.mark.slow  # 59 s to make the model and 206 s to train at load 20; run by make test-slow
 @pytest.mark.timeout(1500)
 def test_a_hub_model_and_dataset_train_a_step_offline(hub, tmp_path):
     proc = demo(hub, tmp_path / "run", 'model.name="echo-test/tiny-qwen3"', f'model.revision="{hub["commit"]}"',
