@@ -65,7 +65,11 @@ def test_a_hub_model_and_dataset_train_a_step_offline(hub, tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_an_uncached_revision_is_a_clear_error(hub, tmp_path):
+def test_an_uncached_revision_is_a_clear_error(tmp_path):
+    cache = tmp_path / "hub"
+    put_repo(cache, "model", "echo-test/tiny-qwen3", {"config.json": b'{"model_type": "qwen3"}'})
+    hub = {"env": {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
+                   "HF_ENDPOINT": "http://127.0.0.1:9", "HF_DATASETS_CACHE": str(tmp_path / "datasets")}}
     proc = demo(hub, tmp_path / "run", 'model.name="echo-test/tiny-qwen3"', 'model.revision="v9"')
     assert proc.returncode != 0
     assert "echo-test/tiny-qwen3" in proc.stderr and "revision v9" in proc.stderr and "HF_HUB_OFFLINE" in proc.stderr, \
