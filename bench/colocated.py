@@ -80,7 +80,7 @@ def run(args) -> int | None:
     t.torch_threads = threads
     out = args.out or Path("runs") / f"colocated-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+    resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None, cfg.model.revision)
     trainer = build_trainer(resolved, cfg)
     tokenizer = load_tokenizer(resolved.hf_dir)
     gen = TorchBackend(resolved.hf_dir, threads=threads, max_group=t.group_size)

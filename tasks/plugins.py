@@ -4,6 +4,7 @@
 
 - a built-in name (``arith``, ``math``, ``knights``, ``sokoban``, ``data``);
 - ``rg:<dataset>``: a reasoning-gym generator (:mod:`tasks.rg`);
+- ``vf:<taskset>``: a verifiers environment (:mod:`tasks.vf_env`);
 - ``package.module:factory``: ``factory`` is imported from ``package.module`` (the current
   directory is searched too, after everything installed);
 - ``path/to/file.py:factory``: ``factory`` from a Python file (relative to the current
@@ -21,8 +22,11 @@ Nothing executable ever travels over the network: a name is looked up among what
 on the machine reading it; a node that lacks it refuses the work (:class:`TaskNotInstalled`).
 
 User code is trusted to load but not to behave: :class:`GuardedTask` turns a reward that
-raises, or returns something that is not a finite number, into a logged 0.0 (clamped to
-[0, 1]), so one bad completion never stops a learner.
+raises, or returns something that is not a finite number, into a logged ``NaN`` (no reward:
+the learner keeps that completion out of its group's advantages), so one bad completion never
+stops a learner. Any finite value is a reward (GRPO normalises per group). When the task is
+built its ``reward`` is called once on the first training problem, so a reward that cannot be
+called that way stops the learner before anything heavy starts.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ BUILTIN_TASKS = ("arith", "math", "knights", "sokoban", "data")
 RG_PREFIX = "rg:"
 """``task.name`` prefix of reasoning-gym datasets."""
 
+VF_PREFIX = "vf:"
+"""``task.name`` prefix of verifiers environments (:mod:`tasks.vf_env`)."""
+
 REQUIRED_METHODS = ("problem", "render_prompt", "reward")
 """What every task object must offer (:class:`tasks.interface.SingleTurnTask`)."""
 
@@ -58,7 +65,7 @@ _PATH = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_
 _PLAIN = re.compile(r"[A-Za-z_][\w.-]*", re.ASCII)
 _FILE = re.compile(r"([^:]+\.py):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)", re.ASCII)
 
-Kind = Literal["builtin", "rg", "path", "file", "entry_point"]
+Kind = Literal["builtin", "rg", "vf", "path", "file", "entry_point"]
 
 
 class TaskNotInstalled(ValueError):
@@ -85,6 +92,12 @@ def parse_task_name(name: Any) -> TaskRef:
         if not re.fullmatch(r"[A-Za-z0-9_]+", dataset, re.ASCII):
             raise ValueError(f"task.name {name!r}: rg:<dataset> needs a reasoning-gym dataset name, e.g. rg:basic_arithmetic")
         return TaskRef("rg", dataset)
+    if name.startswith(VF_PREFIX):
+        taskset = name[len(VF_PREFIX):]
+        if not re.fullmatch(r"([A-Za-z0-9][\w.-]*/)?[A-Za-z_][\w-]*(@[\w.+-]+)?", taskset, re.ASCII):
+            raise ValueError(f"task.name {name!r}: vf:<taskset> needs a verifiers taskset id (an installed module "
+                             "name, or owner/name), e.g. vf:my_env")
+        return TaskRef("vf", taskset)
     if _FILE.fullmatch(name):
         return TaskRef("file", name)
     if ":" in name:
@@ -175,7 +188,21 @@ def build_plugin(ref: TaskRef, seed: int, options: dict[str, Any]) -> Any:
     if missing:
         raise ValueError(f"task {ref.target!r}: the factory returned {type(task).__name__}, which lacks "
                          f"{', '.join(missing)} (see tasks/interface.py)")
+    check_reward_call(task, ref.target)
     return GuardedTask(task, ref.target)
+
+
+def check_reward_call(task: Any, label: str) -> None:
+    """Call ``task.reward(problem, text)`` once on the first training problem (its answer as
+    the completion): a reward that cannot be called so is a ``ValueError`` naming it."""
+    try:
+        problem = task.problem("train", 0)
+        value = task.reward(problem, str(problem.answer))
+        float(value)
+    except Exception as e:
+        raise ValueError(f"task {label!r}: reward(problem, completion_text) failed on the first training problem "
+                         f"(its answer as the completion): {type(e).__name__}: {e}; a task's reward takes the "
+                         "Problem and the decoded completion text and returns a number (tasks/interface.py)") from None
 
 
 def task_version(task: Any) -> str:
@@ -194,16 +221,16 @@ def check_node_task(name: str, wanted_version: str, task: Any) -> None:
 
 
 def safe_score(value: Any, where: str) -> float:
-    """``value`` as a reward in [0, 1]; anything that is not a finite number is 0.0 (logged)."""
+    """``value`` as a reward (any finite number); anything else is ``NaN``, no reward (logged)."""
     try:
         r = float(value)
     except (TypeError, ValueError):
-        log.warning("%s returned %r, not a number: scored 0.0", where, type(value).__name__)
-        return 0.0
+        log.warning("%s returned %r, not a number: no reward", where, type(value).__name__)
+        return math.nan
     if not math.isfinite(r):
-        log.warning("%s returned %r: scored 0.0", where, r)
-        return 0.0
-    return min(1.0, max(0.0, r))
+        log.warning("%s returned %r: no reward", where, r)
+        return math.nan
+    return r
 
 
 class GuardedTask:
@@ -225,8 +252,8 @@ class GuardedTask:
         try:
             value = self._inner.reward(problem, completion_text)
         except Exception as e:  # user code: log it, never stop the learner
-            log.warning("task %s: reward raised %r on problem %s: scored 0.0", self._label, e, getattr(problem, "id", "?"))
-            return 0.0
+            log.warning("task %s: reward raised %r on problem %s: no reward", self._label, e, getattr(problem, "id", "?"))
+            return math.nan
         return safe_score(value, f"task {self._label}: reward")
 
     def episode_reward(self, problem: Any, assistant_texts: Any) -> float:
@@ -234,6 +261,6 @@ class GuardedTask:
         try:
             value = fn(problem, assistant_texts)
         except Exception as e:
-            log.warning("task %s: episode_reward raised %r: scored 0.0", self._label, e)
-            return 0.0
+            log.warning("task %s: episode_reward raised %r: no reward", self._label, e)
+            return math.nan
         return safe_score(value, f"task {self._label}: episode_reward")

@@ -3,7 +3,7 @@
 ``task.name`` picks the task (the forms are listed in :mod:`tasks.plugins`): a built-in, whose
 ``task.options`` are the knobs of its config dataclass (the fields documented in
 ``tasks/<name>.py``; unknown knobs are an error naming the known ones); ``rg:<dataset>``
-(:mod:`tasks.rg`); ``data``, prompts and answers from a local file (:mod:`tasks.data_files`);
+(:mod:`tasks.rg`); ``vf:<taskset>``, a verifiers environment (:mod:`tasks.vf_env`); ``data``, prompts and answers from a local file (:mod:`tasks.data_files`);
 or a plugin (``package.module:factory``, ``path/to/file.py:factory`` or an ``echo_swarm.tasks``
 entry point), whose factory
 gets ``task.options`` as keyword arguments.
@@ -62,6 +62,10 @@ def make_task(cfg: Any):
         from tasks.rg import RGTask
 
         return RGTask(ref.target, options, seed=cfg.seed)
+    if ref.kind == "vf":
+        from tasks.vf_env import make_vf_task
+
+        return make_vf_task(ref.target, options, seed=cfg.seed)
     if ref.kind == "builtin" and ref.target == "data":
         from tasks.data_files import DataConfig, DataTask
 

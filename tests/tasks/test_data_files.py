@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from types import SimpleNamespace
 
@@ -77,7 +78,7 @@ def test_a_reward_callable_alone(files, tmp_path, monkeypatch):
         task = data(files["csv"], prompt_column="q", answer_column="a", reward="my_reward_fn:score", instruction="")
         p = task.problem("eval", 2)
         assert task.reward(p, f"so {p.answer}") == 1.0 and task.reward(p, "dunno") == 0.25
-        assert task.reward(p, "boom") == 0.0
+        assert math.isnan(task.reward(p, "boom"))  # no reward (logged), not a silent 0
         assert task.messages(p)[-1]["content"] == p.question
     finally:
         sys.modules.pop("my_reward_fn", None)
@@ -86,7 +87,7 @@ def test_a_reward_callable_alone(files, tmp_path, monkeypatch):
 def test_bad_input_is_a_clear_error(files, tmp_path):
     with pytest.raises(ValueError, match="path: the data file is required"):
         make_task(SimpleNamespace(name="data", seed=0, options={}))
-    with pytest.raises(FileNotFoundError, match="only local files"):
+    with pytest.raises(FileNotFoundError, match="data file not found"):
         data(tmp_path / "missing.jsonl")
     with pytest.raises(ValueError, match="use a"):
         data(tmp_path / "x.txt")

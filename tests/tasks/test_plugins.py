@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -92,8 +93,8 @@ def test_path_plugin_builds_with_seed_and_options(plugin_module):
 def test_guarded_rewards_never_raise(plugin_module, caplog):
     task = make_task(Cfg(f"{plugin_module}:make"))
     p = task.problem("train", 0)
-    assert task.reward(p, "boom") == 0.0 and "user bug" in caplog.text
-    assert task.reward(p, "nan") == 0.0 and task.reward(p, "big") == 1.0
+    assert math.isnan(task.reward(p, "boom")) and "user bug" in caplog.text  # no reward, logged
+    assert math.isnan(task.reward(p, "nan")) and task.reward(p, "big") == 7.0  # any finite value, no clamp
 
 
 def test_plugin_errors_are_clear(plugin_module):
@@ -142,10 +143,11 @@ def test_node_version_check():
         check_node_task("x", "3", object())
 
 
-@pytest.mark.parametrize("value,want", [(0.5, 0.5), (True, 1.0), (-1, 0.0), (2, 1.0), ("x", 0.0), (None, 0.0),
-                                        (float("inf"), 0.0)])
+@pytest.mark.parametrize("value,want", [(0.5, 0.5), (True, 1.0), (-1, -1.0), (2, 2.0), ("x", None), (None, None),
+                                        (float("inf"), None), (float("nan"), None)])
 def test_safe_score(value, want):
-    assert safe_score(value, "t") == want
+    got = safe_score(value, "t")
+    assert math.isnan(got) if want is None else got == want
 
 
 def test_problem_type_is_shared():
