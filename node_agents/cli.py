@@ -125,6 +125,7 @@ def join(cfg) -> int:
     from node_agents.pause_gate import PauseGate
     from node_agents.priority import cap_threads
     from node_agents.record import NodeRecord
+    from node_agents.schedule import parse_hours
     from node_agents.discovery import WrongRun, node_discovery
     from node_agents.model_fetch import ModelError
     from swarm.content.fetch import FetchError
@@ -175,7 +176,7 @@ def join(cfg) -> int:
         try:
             with NodeLock(cfg.data_dir):
                 try:
-                    trio.run(_main)
+                    trio.run(_until_stopped, _main)
                 finally:
                     record.stopped()
         except BaseExceptionGroup as group:  # nurseries wrap what the agent raised
@@ -202,6 +203,26 @@ def join(cfg) -> int:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+async def _until_stopped(main) -> None:
+    """``main()`` until it returns or the process gets SIGTERM (a service manager stopping the
+    node): then it is cancelled, and the node exits 0 with its record saying it stopped."""
+    import signal
+
+    import trio
+
+    async with trio.open_nursery() as nursery:
+        async def on_sigterm() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM) as signals:
+                async for _ in signals:
+                    print("swarm-node: stopping (SIGTERM)", flush=True)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(on_sigterm)
+        await main()
+        nursery.cancel_scope.cancel()
 
 
 def _single(group: BaseExceptionGroup) -> BaseException | None:

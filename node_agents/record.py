@@ -56,6 +56,7 @@ class NodeRecord:
         self.data["updated_at"] = self.clock()
         tmp = self.path.with_suffix(".tmp")
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(self.data, indent=1))
             os.replace(tmp, self.path)
         except OSError as e:  # the node goes on; status shows the last whole record

@@ -242,3 +242,32 @@ def test_a_paused_node_takes_no_lease_until_resumed(tmp_path, capsys):
     out = capsys.readouterr().out
     assert len(run.pushes) == 2
     assert "paused: paused by the owner (testing): swarm-node resume" in out and "resumed after" in out
+
+
+def test_status_ask_gets_the_learners_account_of_a_stopped_node(tmp_path):
+    """``swarm-node status --ask`` (a real process, the node's own key) asks the last learner."""
+    import os
+    import sys
+
+    port, run = free_port(), MiniLearner("run-9")
+    started: dict = {}
+
+    async def main():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                stop = trio.Event()
+                await nursery.start(learner_run, tmp_path, port, run, started, stop)
+                NodeRecord(tmp_path / "node").joined("run-9", "mini", started["addr"].rsplit("/", 1)[1], started["addr"])
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+                done = await trio.run_process([sys.executable, "-m", "node_agents.cli", "status", "--ask", "--data-dir",
+                                               str(tmp_path / "node")], capture_stdout=True, capture_stderr=True,
+                                              env=env, check=False)
+                stop.set()
+        return done
+
+    done = trio.run(main)
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert "the learner's account (" in out and "run mini (id run-9)" not in out  # the reply names no run_name
+    assert "name as the operator sees it: seen-by-learner" in out and "state:    not running" in out
+    assert read_record(tmp_path / "node")["learner_view"]["run_id"] == "run-9"
