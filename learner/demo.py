@@ -30,11 +30,13 @@ LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
 
 def node_command(learner_addr: str, data_dir: Path, threads: int, name: str, model: str,
                  backend: str | None = None) -> list[str]:
-    """``swarm-node join`` command line; ``backend`` ``None`` leaves the node's own choice (auto)."""
+    """``swarm-node join`` command line; ``backend`` ``None`` leaves the node's own choice (auto).
+    The demo's nodes serve this one run (``--once``) at normal priority: the learner beside them
+    is the same user's, and a node at idle priority would wait for its every verification."""
     return [
         sys.executable, "-m", "node_agents.cli", "join", "--learner", learner_addr,
         "--data-dir", str(data_dir), "--threads", str(threads), "--name", name,
-        "--model", model, "--max-retries", "8", "--listen", LOOPBACK_LISTEN,
+        "--model", model, "--max-retries", "8", "--listen", LOOPBACK_LISTEN, "--once", "--priority", "normal",
     ] + (["--backend", backend] if backend else [])
 
 

@@ -23,6 +23,8 @@ class NodeWork:
     """One node's line."""
 
     backend: str = ""
+    #: The node's name (its hello's, ``--name``; "" = none given), as of its last push.
+    name: str = ""
     groups_pushed: int = 0
     groups_rejected: int = 0
     groups_trained: int = 0
@@ -56,8 +58,10 @@ class WorkLedger:
         idle = next((p for p, n in self.nodes.items() if n.groups_pushed == n.groups_rejected), None)
         del self.nodes[idle if idle is not None else next(iter(self.nodes))]
 
-    def pushed(self, peer_id: str, backend: str, accepted: int, rejected: int, tokens: int) -> None:
+    def pushed(self, peer_id: str, backend: str, accepted: int, rejected: int, tokens: int, name: str = "") -> None:
         line = self._line(peer_id, backend)
+        if name:
+            line.name = name[:64]
         line.groups_pushed += accepted + rejected
         line.groups_rejected += rejected
         line.tokens_generated += max(int(tokens), 0)
@@ -76,6 +80,11 @@ class WorkLedger:
 
     def untrusted(self, peer_id: str, reason: str) -> None:
         self._line(peer_id).untrusted = reason[:512]
+
+    def line(self, peer_id: str) -> NodeWork | None:
+        """A copy of ``peer_id``'s line (None: it has none)."""
+        line = self.nodes.get(peer_id)
+        return None if line is None else NodeWork(**asdict(line))
 
     def summary(self) -> dict[str, dict]:
         """``{peer: line}``, JSON-ready; ``verified_groups``: groups that passed a real check."""

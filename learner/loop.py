@@ -25,6 +25,7 @@ from learner.buffer import ReplayBuffer
 from learner.checkpoint import (LoopState, load_open_problems, load_state, open_problem_refs, reissue_specs,
                                 run_identity, save_state)
 from learner.config import LearnerConfig
+from learner.contrib import ContribDesk
 from learner.coordinator import Coordinator, Limits
 from learner.dissem import start_learner_dissem
 from learner.episodes import EpisodeSettings, episode_settings, make_verifier, run_task
@@ -157,6 +158,8 @@ async def run_learner(
                 probe=lambda peer: stage_alive(host, peer), ledger=ledger, replay=replay,
                 validators=cfg.validators)
             service.register(host)
+            # each node's own credit, asked by `swarm-node status` (swarm/proto/contrib.py)
+            ContribDesk(ledger, lambda p: nodes[p].hello.name if p in nodes else None, run_id, name).register(host)
             if on_service is not None:
                 on_service(service)
             nursery.start_soon(service.expiry_loop)

@@ -35,7 +35,8 @@ def report_nodes(swarm: dict | None) -> list[dict]:
     for peer, n in sorted(nodes.items()):
         gen_s = float(n.get("gen_s") or 0.0)
         row = {
-            "peer_id": peer, "short": short(peer), "backend": n.get("backend", "?"), "device": n.get("device", "?"),
+            "peer_id": peer, "short": short(peer), "name": n.get("name") or (work.get(peer) or {}).get("name", ""),
+            "backend": n.get("backend", "?"), "device": n.get("device", "?"),
             "tokens_per_s": round(n.get("gen_tokens", 0) / gen_s, 1) if gen_s > 0 else None,
             "announced_tokens_per_s": n.get("tokens_per_s"), "rollouts": n.get("completions", 0),
             "groups": n.get("groups", 0), "rejected_groups": n.get("rejected_groups", 0),
@@ -49,7 +50,8 @@ def report_nodes(swarm: dict | None) -> list[dict]:
         out.append(row)
     for peer, line in sorted(work.items()):  # nodes the run untrusted or forgot keep their ledger line
         if peer not in nodes:
-            out.append({"peer_id": peer, "short": short(peer), "backend": line.get("backend", "?"), "device": "?",
+            out.append({"peer_id": peer, "short": short(peer), "name": line.get("name", ""),
+                        "backend": line.get("backend", "?"), "device": "?",
                         "groups": line.get("groups_pushed", 0), "rejected_groups": line.get("groups_rejected", 0),
                         **work_columns(line)})
     return out

@@ -226,7 +226,7 @@ class LearnerService:
         roles = links.get("roles", {})
         return {"nodes": {p: {
             "backend": n.hello.backend, "device": n.hello.device, "tokens_per_s": n.hello.tokens_per_s,
-            "memory_bytes": n.hello.memory_bytes, "groups": n.groups_pushed, "completions": n.completions_pushed,
+            "memory_bytes": n.hello.memory_bytes, "name": n.hello.name, "groups": n.groups_pushed, "completions": n.completions_pushed,
             "rejected_groups": n.rejected_groups, "gen_s": round(n.gen_s, 3), "gen_tokens": n.gen_tokens,
             **({"link_role": roles[p]["kind"], "link_why": roles[p]["why"]} if p in roles else {}),
         } for p, n in self.nodes.items()}, "pipelines": self.pipelines.summary(),
@@ -261,7 +261,7 @@ class LearnerService:
             elif n.hello.extra or n.hello.addrs:
                 h = n.hello
                 n.hello = Hello(backend=h.backend, device=h.device, memory_bytes=h.memory_bytes,
-                                tokens_per_s=h.tokens_per_s)
+                                tokens_per_s=h.tokens_per_s, name=h.name)
         return gone
 
     def node_classes(self) -> dict[str, str | None]:
@@ -338,8 +338,8 @@ class LearnerService:
             self.coordinator.release_peer(peer_id)
             self.notify()
         log.info(
-            "node %s %s: backend=%s device=%s mem=%.1f GiB %.0f tok/s",
-            short(peer_id), "re-joined" if known else "joined", msg.backend, msg.device,
+            "node %s%s %s: backend=%s device=%s mem=%.1f GiB %.0f tok/s", short(peer_id),
+            f" ({msg.name})" if msg.name else "", "re-joined" if known else "joined", msg.backend, msg.device,
             msg.memory_bytes / 2**30, msg.tokens_per_s,
         )
         return HelloAck(accepted=True, run_id=s.run_id, model=s.model_name, current_version=self.versions.newest(),
@@ -383,7 +383,7 @@ class LearnerService:
         node.rejected_groups += len(rejected)
         node.gen_tokens += msg.gen_tokens
         node.gen_s += msg.gen_s
-        self.ledger.pushed(peer_id, node.hello.backend, len(accepted), len(rejected), msg.gen_tokens)
+        self.ledger.pushed(peer_id, node.hello.backend, len(accepted), len(rejected), msg.gen_tokens, node.hello.name)
         if held is None:
             self.credit(peer_id, n_completions)
         for gid, reason in rejected.items():

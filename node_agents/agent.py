@@ -1,14 +1,18 @@
 """The node's main loop: connect, say hello, then lease -> adapter -> generate -> push.
 
-Reconnects with exponential backoff whenever the learner is unreachable or answers badly;
-prints one status line per lease.
+Reconnects with exponential backoff whenever the learner is unreachable or answers badly, and
+after a run ends waits for the learner's next run (``node_agents/rejoin.py`` decides; ``--once``
+exits instead); prints one status line per lease. Before each lease it passes the pause gate
+(``node_agents/pause_gate.py``: the owner's pause, battery, hours), keeps its record in the data
+dir (``node_agents/record.py``) and now and then asks the learner what it credits the node with
+(``swarm.proto.contrib``).
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import time
+from dataclasses import asdict
 
 import trio
 
@@ -17,10 +21,14 @@ from node_agents.backends.base import Backend, SamplingParams
 from node_agents.config import NodeConfig
 from node_agents.discovery import NodeDiscovery
 from node_agents.episodes import EpisodeError, EpisodeRunner, TaskUnavailable
+from node_agents.pause_gate import PauseGate
+from node_agents.record import NodeRecord
+from node_agents.rejoin import Outcome, backoff_delay, decide
 from swarm.errors import SwarmError
 from swarm.membership import membership_of
 from swarm.proto import ADAPTER, HELLO, ROLLOUTS, WORK
 from swarm.proto.adapter import AdapterReply, AdapterRequest
+from swarm.proto.contrib import CONTRIB, ContribReply, ContribRequest
 from swarm.proto.hello import Hello, HelloAck
 from swarm.proto.rollouts import Completion, GroupResult, RolloutAck, RolloutPush
 from swarm.proto.validate import VALIDATE, ValidateAck, ValidateJob, ValidateResult
@@ -35,13 +43,10 @@ LONG_POLL_GRACE_S = 30.0
 PROGRESS_AFTER_S = 3.0
 #: ... and another one this often while it lasts.
 PROGRESS_EVERY_S = 10.0
+#: Seconds allowed for the learner's answer about this node's credit (``swarm.proto.contrib``).
+CONTRIB_TIMEOUT_S = 10.0
 
-
-def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Random | None = None) -> float:
-    """Exponential backoff with +-25% jitter: attempt 0 -> ~initial, doubling up to maximum."""
-    base = min(maximum, initial * (2 ** min(attempt, 30)))
-    jitter = (rng or random).uniform(0.75, 1.25)
-    return min(maximum, base * jitter)
+__all__ = ["LearnerGone", "JoinRefused", "ModelRefused", "NodeAgent", "backoff_delay"]
 
 
 class LearnerGone(Exception):
@@ -65,11 +70,17 @@ class NodeAgent:
 
     ``net``: DHT membership and learner lookup; None dials ``cfg.learner`` directly. ``nat``: the
     host's :class:`swarm.nat.service.NatService` (relay slots and hole punches the learner asks for,
-    ``node_agents/links.py``); None: plain dials only."""
+    ``node_agents/links.py``); None: plain dials only. ``gate``: waited on before each lease
+    (None: never paused); ``record``: the node's record in its data dir (None: none kept)."""
 
     def __init__(self, cfg: NodeConfig, backend: Backend, name: str = "node", net: NodeDiscovery | None = None,
-                 nat=None):
+                 nat=None, *, gate: PauseGate | None = None, record: NodeRecord | None = None):
         self.cfg = cfg
+        self.gate = gate
+        self.record = record
+        #: Runs this node saw end; when it last asked the learner about its credit (monotonic s).
+        self.runs_ended = 0
+        self._contrib_at = float("-inf")
         self.nat = nat
         self.backend = backend
         self.name = name
@@ -116,24 +127,48 @@ class NodeAgent:
         return result
 
     async def run(self, host) -> None:
-        """Serve the learner until it says the run is done (or retries are exhausted)."""
-        attempt = 0
+        """Serve the learner, run after run (``node_agents/rejoin.py``): return when a run ends
+        and ``cfg.once``; raise :class:`LearnerGone` when retries are exhausted."""
+        attempt = failures = 0  # consecutive waits (the backoff), and of those the failed sessions
+        ended_run = ""  # the run last seen ending (a learner still finishing it says done again)
         while True:
+            leases_before = self.leases_done
             try:
                 peer = await self._join(host)
+                failures = 0
                 await self._start_sync(host, peer)
-                attempt = 0
                 if await self._work_loop(host, peer):
-                    self.say(f"run finished: {self.leases_done} leases, {self.pushed_completions} rollouts pushed")
-                    return
+                    outcome = Outcome("ended")
+                    if self.run_id != ended_run or self.leases_done > leases_before:
+                        ended_run, attempt = self.run_id, 0
+                        self.runs_ended += 1
+                        self.say(f"run finished: {self.leases_done} leases, {self.pushed_completions} rollouts "
+                                 f"pushed (run {self.run_id})")
+                        await self._ask_credit(host, peer, force=True)
+            except JoinRefused as e:  # admission: the learner said when to try again
+                outcome, failures = Outcome("refused", str(e), e.retry_after_s), failures + 1
             except (SwarmError, WireError, trio.TooSlowError, LearnerGone, OSError) as e:
-                attempt += 1
-                if self.cfg.max_retries and attempt > self.cfg.max_retries:
-                    raise LearnerGone(f"learner unreachable after {attempt - 1} retries: {e}") from e
-                delay = backoff_delay(attempt - 1, self.cfg.backoff_initial_s, self.cfg.backoff_max_s)
-                delay = max(delay, getattr(e, "retry_after_s", 0.0))  # a refusal's hint (admission)
-                self.say(f"learner unavailable ({type(e).__name__}: {e}); retry {attempt} in {delay:.1f}s")
-                await trio.sleep(delay)
+                outcome, failures = Outcome("gone", f"{type(e).__name__}: {e}"), failures + 1
+            if outcome.kind != "ended" and self.leases_done > leases_before:
+                attempt = 0  # it worked until now: the first retry comes soon
+            decision = decide(outcome, attempt=attempt, failures=failures, once=self.cfg.once,
+                              max_retries=self.cfg.max_retries, initial_s=self.cfg.backoff_initial_s,
+                              maximum_s=self.cfg.backoff_max_s, learner=self._learner_label(),
+                              runs_ended=self.runs_ended)
+            if decision.action == "exit":
+                if decision.code:
+                    raise LearnerGone(decision.say or outcome.why)
+                return
+            if decision.say:
+                self.say(decision.say)
+            if self.record is not None:
+                self.record.state("waiting", decision.say or f"waiting for {self._learner_label()}")
+            attempt += 1
+            await trio.sleep(decision.wait_s)
+
+    def _learner_label(self) -> str:
+        peer = (self.net.learner if self.net is not None else "") or self.cfg.learner.rsplit("/", 1)[-1]
+        return f"learner {peer[-6:]}" if peer else "the learner"
 
     async def _join(self, host) -> str:
         peer = await (self.net.connect() if self.net is not None else host.connect(self.cfg.learner))
@@ -143,7 +178,7 @@ class NodeAgent:
         hello = Hello(
             backend=caps.backend, device=caps.device, memory_bytes=caps.memory_bytes,
             tokens_per_s=caps.tokens_per_s, extra={**caps.extra, "model": self.model_name},
-            model_sha256=self.cfg.model_sha256,
+            model_sha256=self.cfg.model_sha256, name=self.cfg.name,
         )
         hello.run_name, hello.addrs = self.cfg.run.partition("@")[0], host.advertised_addrs(peer)
         hello.join_token = self.cfg.join_token
@@ -161,10 +196,14 @@ class NodeAgent:
         if self.net is not None:  # a run pinned to another learner: LearnerRefused (fatal); else pinned
             await self.net.joined(peer, ack.run_name)
         self.say(f"joined learner {peer[-6:]} (run {ack.run_id}, model {ack.model}, v{ack.current_version})")
+        if self.record is not None:
+            self.record.joined(ack.run_id, ack.run_name, peer, self.cfg.learner)
         return peer
 
     async def _work_loop(self, host, peer: str) -> bool:
         while True:
+            if self.gate is not None:  # between leases: the owner's pause, battery, hours
+                await self.gate.wait_allowed()
             have = self.adapter_key[1] if self.adapter_key and self.adapter_key[0] == self.run_id else -1
             req = WorkRequest(have_version=have, max_groups=self.cfg.max_groups)
             reply = await host.request(
@@ -247,6 +286,22 @@ class NodeAgent:
             f"({tokens / max(gen_s, 1e-9):.0f} tok/s), pushed {pushed} (total {self.pushed_completions}), "
             f"{self.adapter_note}, lease #{self.leases_done}{note}"
         )
+        await self._ask_credit(host, peer)
+
+    async def _ask_credit(self, host, peer: str, force: bool = False) -> None:
+        """Ask the learner what it credits this node with (``swarm.proto.contrib``), at most every
+        ``cfg.contrib_every_s`` unless ``force``, and keep the answer in the record. Best effort:
+        a learner that does not answer (an older one, or one shutting down) changes nothing."""
+        now = time.monotonic()
+        if self.record is None or (not force and now - self._contrib_at < self.cfg.contrib_every_s):
+            return
+        self._contrib_at = now
+        try:
+            reply = await host.request(peer, CONTRIB, ContribRequest(), ContribReply, timeout=CONTRIB_TIMEOUT_S)
+        except (SwarmError, WireError) as e:
+            log.info("the learner did not say what it credits this node with: %s", e)
+            return
+        self.record.learner_view({"learner": peer, **asdict(reply)})
 
     async def _validate(self, host, peer: str, job: ValidateJob) -> None:
         """Replay a group for the learner (``swarm.proto.validate``): the same generation as a
@@ -276,4 +331,7 @@ class NodeAgent:
         self.leases_done += 1
         pushed = sum(len(r.completions) for r in results if r.group_id not in ack.rejections)
         self.pushed_completions += pushed
+        if self.record is not None:
+            rejected = sum(1 for r in results if r.group_id in ack.rejections)
+            self.record.pushed(self.run_id, len(results) - rejected, rejected, pushed, tokens)
         return pushed, (f" rejected {ack.rejections}" if ack.rejections else "")

@@ -1,8 +1,10 @@
 """``swarm-node``: join a learner's swarm and generate rollouts.
 
 Entry point only: argument parsing here, heavy imports (llama.cpp, torch, MLX, libp2p) inside
-``join``. At join the node detects its hardware, picks a backend (``--backend auto``), runs a
-quick throughput probe and sends all of it in its hello.
+``join``. At join the node lowers its priority (``--priority``), detects its hardware, picks a
+backend (``--backend auto``), runs a quick throughput probe and sends all of it in its hello.
+``pause``/``resume``/``status`` act on a node through its data dir (``node_agents/status_cli.py``);
+``service`` installs it as a user service (``node_agents/service.py``).
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ import sys
 from common.version import version_line
 from node_agents.config import NodeConfig
 from node_agents.hardware import choose_backend, detect, installed_backends
+from node_agents.join_check import check_join_args
 from node_agents.models import resolve_for_backend
-from swarm.addrs import check_announce, split_peer_id
 from swarm.config import ConfigError, Shortcut, add_shortcuts, shortcut_values
-from swarm.discovery.identity import split_run
 from swarm.quiet import quiet_libp2p
 
 
@@ -47,6 +48,9 @@ JOIN_FLAGS = (
     S("--max-memory", "max_memory_bytes", parse=parse_size, metavar="SIZE"),
     S("--stage", "stage", const=True), S("--wire-dtype", "wire_dtype"),
     S("--relay", "relay", const=True),
+    S("--name", "name"), S("--max-threads", "max_threads", metavar="N"), S("--priority", "priority"),
+    S("--pause-on-battery", "pause_on_battery", const=True), S("--hours", "hours", metavar="START-END"),
+    S("--once", "once", const=True),
 )
 
 
@@ -54,10 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="swarm-node", description="Generate rollouts for an echo-swarm learner.")
     p.add_argument("--version", action="version", version=version_line("swarm-node"))
     sub = p.add_subparsers(dest="command", required=True)
-    j = sub.add_parser("join", help="connect to a learner and serve its work leases until the run ends")
+    j = sub.add_parser("join", help="connect to a learner and serve its work leases, run after run "
+                                    "(--once: until the run ends)")
     add_shortcuts(j, NodeConfig, JOIN_FLAGS)
-    j.add_argument("--name", default="", help="name shown in status lines (default: the peer id's tail)")
     j.add_argument("-v", "--verbose", action="store_true")
+    from node_agents.status_cli import add_commands
+
+    add_commands(sub, NodeConfig, JOIN_FLAGS)
     d = sub.add_parser("doctor", help="what this machine's network lets a node do: NAT kind, dial-back, hole punch, "
                                       "bandwidth, role (exit 0 relays, 1 leaf only, 2 could not check)")
     d.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
@@ -75,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     if args.command == "doctor":
@@ -84,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.verbose:
             quiet_libp2p()
         return doctor_main(args)
+    if args.command != "join":
+        from node_agents.status_cli import run_command
+
+        return run_command(args, JOIN_FLAGS)
     try:
         cfg = NodeConfig(**shortcut_values(args, JOIN_FLAGS))
     except ConfigError as e:
@@ -95,17 +106,29 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not args.verbose:  # py-libp2p logs every failed DHT dial (to a gone peer) as a warning or error
         quiet_libp2p()
+    from node_agents.priority import apply_priority  # before any thread starts: threads inherit it
+
+    done = apply_priority(cfg.priority)
+    if done:
+        print(f"swarm-node: priority {cfg.priority}: {', '.join(done)}", flush=True)
     try:
-        return join(cfg, args.name)
+        return join(cfg)
     except KeyboardInterrupt:
         print("swarm-node: interrupted", file=sys.stderr)
         return 130
 
 
-def join(cfg, name: str = "") -> int:
+def join(cfg) -> int:
+    import os
+
     import trio
 
     from node_agents.agent import LearnerGone, ModelRefused, NodeAgent
+    from node_agents.control import AlreadyRunning, NodeLock
+    from node_agents.pause_gate import PauseGate
+    from node_agents.priority import cap_threads
+    from node_agents.record import NodeRecord
+    from node_agents.schedule import parse_hours
     from node_agents.discovery import WrongRun, node_discovery
     from node_agents.model_fetch import ModelError
     from swarm.content.fetch import FetchError
@@ -120,28 +143,33 @@ def join(cfg, name: str = "") -> int:
     except (FileNotFoundError, ValueError, ImportError) as e:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 2
+    cfg.threads = cap_threads(cfg.threads, cfg.max_threads, os.cpu_count() or 1)
+    record = NodeRecord(cfg.data_dir)
 
     async def _main() -> None:
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
         pins = LearnerPins.in_dir(cfg.data_dir)  # the learner of each run this node has served
         async with open_host(cfg.data_dir, listen_addr=cfg.listen, announce=cfg.announce) as host, \
                 nat_running(host, NatConfig(serve_relay=cfg.relay)) as nat, \
                 node_discovery(host, learner=cfg.learner, bootstrap=cfg.bootstrap, run=cfg.run, pins=pins,
                                say=lambda text: print(f"swarm-node: {text}", flush=True)) as net:
             print(f"swarm-node: listening on {host.peer_id} {' '.join(host.addrs)}", flush=True)
+            name = cfg.name or host.peer_id[-6:]
+            record.started(host.peer_id, name)
             # The base model first (fetched from the swarm if needed), then the backend.
             prepared = await _prepare(host, cfg, net)
             stage = await trio.to_thread.run_sync(_stage_join, cfg, prepared.path, hw)
             if stage is not None:  # a pipeline stage node: no whole model is loaded
-                agent = stage_agent(cfg, stage, name or host.peer_id[-6:], net, nat)
+                agent = stage_agent(cfg, stage, name, net, nat)
                 agent.say(f"peer {host.peer_id}: stage node ({stage[2].backend}, cap "
                           f"{stage[2].memory_bytes / 1e6:.0f} MB, est. {stage[2].tokens_per_s:.0f} tok/s); "
                           f"waiting for a layer range")
                 await agent.run(host)
                 return
             backend = await _load_backend(host, cfg, hw.kind, net, prepared)
+            say = lambda text: print(f"[{name}] {text}", flush=True)  # noqa: E731
+            gate = PauseGate(cfg.data_dir, parse_hours(cfg.hours), cfg.pause_on_battery, say, record)
             try:
-                agent = NodeAgent(cfg, backend, name or host.peer_id[-6:], net, nat)
+                agent = NodeAgent(cfg, backend, name, net, nat, gate=gate, record=record)
                 agent.say(f"peer {host.peer_id} backend {cfg.backend} ({backend.capabilities().device})")
                 await agent.run(host)
             finally:
@@ -149,12 +177,19 @@ def join(cfg, name: str = "") -> int:
 
     try:
         try:
-            trio.run(_main)
+            with NodeLock(cfg.data_dir):
+                try:
+                    trio.run(_until_stopped, _main)
+                finally:
+                    record.stopped()
         except BaseExceptionGroup as group:  # nurseries wrap what the agent raised
             leaf = _single(group)
             if leaf is None:
                 raise
             raise leaf from None
+    except AlreadyRunning as e:
+        print(f"swarm-node: {e}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, ValueError, ImportError, ModelError, FetchError) as e:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 2
@@ -171,6 +206,26 @@ def join(cfg, name: str = "") -> int:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+async def _until_stopped(main) -> None:
+    """``main()`` until it returns or the process gets SIGTERM (a service manager stopping the
+    node): then it is cancelled, and the node exits 0 with its record saying it stopped."""
+    import signal
+
+    import trio
+
+    async with trio.open_nursery() as nursery:
+        async def on_sigterm() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM) as signals:
+                async for _ in signals:
+                    print("swarm-node: stopping (SIGTERM)", flush=True)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(on_sigterm)
+        await main()
+        nursery.cancel_scope.cancel()
 
 
 def _single(group: BaseExceptionGroup) -> BaseException | None:
@@ -262,25 +317,6 @@ def stage_agent(cfg, stage, name, net=None, nat=None):
 
     model_dir, spec, caps = stage
     return StageAgent(cfg, model_dir, spec, caps, name, net, nat)
-
-
-def check_join_args(cfg) -> str | None:
-    """What is wrong with the join's addresses and run name (None: nothing)."""
-    if not cfg.learner and not cfg.bootstrap:
-        return "give --learner MULTIADDR or --bootstrap MULTIADDR (any member of the swarm)"
-    for addr in ([cfg.learner] if cfg.learner else []) + cfg.bootstrap:
-        if not split_peer_id(addr)[1]:
-            return f"{addr!r} must end in /p2p/<peer id>"
-    try:
-        run_id = split_run(cfg.run)[1] if cfg.run else ""
-        addr_id = split_peer_id(cfg.learner)[1] if cfg.learner else ""
-        if run_id and addr_id and run_id != addr_id:
-            return f"--learner is peer {addr_id} but --run names learner {run_id}; give the learner's own address"
-        for addr in cfg.announce:
-            check_announce(addr)
-    except ValueError as e:
-        return str(e)
-    return None
 
 
 if __name__ == "__main__":

@@ -61,6 +61,27 @@ class NodeConfig:
     upload_mbps: float = 0.0
     #: CPU threads for generation (0 = all cores).
     threads: int = 0
+    #: Most CPU threads generation may use, whatever ``threads`` chose (0 = no cap).
+    max_threads: int = 0
+    #: The node's name, shown to the learner's operator (dashboard, ``swarm.json``, report) and in
+    #: the node's own lines; at most 64 printable characters. Empty = the peer id's last 6 characters.
+    name: str = ""
+    #: CPU and disk priority: ``low`` (nice 19; on Linux also the SCHED_IDLE CPU policy and the
+    #: idle I/O class, where allowed), so the machine's owner always comes first; ``normal``: as started.
+    priority: Literal["low", "normal"] = "low"
+    #: Pause generation while the machine runs on battery (Linux: /sys/class/power_supply;
+    #: macOS: pmset); it resumes on mains power. The lease in hand is finished first.
+    pause_on_battery: bool = False
+    #: Daily window of local time in which the node works, ``START-END`` (``22-7``: from 22:00 to
+    #: 07:00, past midnight; ``9:30-17``); outside it the node pauses after the lease in hand.
+    #: Empty = always.
+    hours: str = ""
+    #: Exit when the learner's run ends (the behaviour before rejoining); by default the node
+    #: waits for the learner's next run and joins it by itself.
+    once: bool = False
+    #: Seconds between the node's questions to the learner about what it credits the node with
+    #: (kept in the data dir's record for ``swarm-node status``).
+    contrib_every_s: float = 60.0
     #: Join token from the learner's operator (``swarm-learner token``), for allowlist runs.
     join_token: str = ""
     #: Most prompt groups asked for in one lease.

@@ -5,7 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swarm.proto.membership import MembershipTicket
-from swarm.wire import Message, bounded, bounded_default
+from swarm.wire import Message, WireError, bounded, bounded_default
+
+#: Longest node name (``swarm-node join --name``), characters.
+MAX_NAME = 64
+
+
+def name_problem(name: str) -> str | None:
+    """What is wrong with a node's name (None: nothing): at most :data:`MAX_NAME` printable
+    characters (no control characters: names reach consoles, logs and pages)."""
+    if len(name) > MAX_NAME:
+        return f"name {name[:20]!r}...: longer than {MAX_NAME} characters"
+    if not all(c.isprintable() for c in name):
+        return f"name {name!r}: only printable characters (no tabs, newlines or control characters)"
+    return None
 
 
 @dataclass
@@ -32,6 +45,14 @@ class Hello(Message):
     addrs: list[str] = bounded_default([], max_items=16, max_len=512)
     #: Join token minted by the operator (``swarm-learner token``), for allowlist admission.
     join_token: str = bounded_default("", max_items=1024)
+    #: The node's name (``--name``), shown to the operator (dashboard, ``swarm.json``, report);
+    #: empty = the peer id's tail. Display only: it identifies nothing.
+    name: str = bounded_default("", max_items=MAX_NAME)
+
+    def __post_init__(self) -> None:
+        problem = name_problem(self.name)
+        if problem:
+            raise WireError(f"hello.{problem}")
 
 
 @dataclass

@@ -18,6 +18,7 @@ import trio
 from learner.config import DissemConfig
 from learner.coordinator import Coordinator, GroupSpec, Limits
 from learner.dissem import LearnerDissem
+from learner.contrib import ContribDesk
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from swarm.errors import SwarmError
 from swarm.host import HostConfig, open_host
@@ -89,6 +90,8 @@ class Harness:
             svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, TOKENS, 0), group_size=GROUP,
                                                         run_id="fuzz", model_name="m", long_poll_s=1.0))
             svc.register(lh)
+            ContribDesk(svc.ledger, lambda p: svc.nodes[p].hello.name if p in svc.nodes else None, "fuzz",
+                        "").register(lh)  # as learner/loop.py wires it
             dissem = LearnerDissem(lh, DissemConfig(mode="tree", stall_timeout_s=1.0), "fuzz",
                                    admit=lambda peer: peer in svc.nodes)
             dissem.register()

@@ -23,6 +23,7 @@ from swarm.proto import (ADAPTER, CHUNKS, DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIF
                          WORK)
 from swarm.proto.adapter import AdapterRequest
 from swarm.proto.chunks import ChunkRequest
+from swarm.proto.contrib import CONTRIB, ContribRequest
 from swarm.proto.dissem import DissemJoin, HaveVersion, ManifestRequest
 from swarm.proto.hello import Hello
 from swarm.proto.rollouts import Completion, GroupResult, RolloutPush
@@ -40,6 +41,7 @@ HANDLERS = [
     ("learner", DISSEM_HAVE, HaveVersion(version=0, completed_at=0.0)),
     ("learner", CHUNKS, ChunkRequest(content_id=bytes(32), indices=[0])),
     ("learner", VALIDATE, ValidateResult("r0", [Completion([1], [-0.1], "stop")])),
+    ("learner", CONTRIB, ContribRequest()),
     ("node", DISSEM_PUSH, ChunkRequest(content_id=bytes(32), indices=[0])),  # any frame: a push header is expected
     ("node", CHUNKS, ChunkRequest(content_id=bytes(32), indices=[0])),
 ]
@@ -62,6 +64,8 @@ def bad_input(draw):
     wire = valid.to_wire()
     kind = draw(st.sampled_from(["raw", "msgpack", "mutated", "dropped", "truncated", "oversized", "flags",
                                  "envelope"]))
+    if not wire and kind in ("mutated", "dropped"):  # a request without fields: an unknown one instead
+        wire, kind = {"x": 1}, "mutated"
     if kind == "raw":
         data = draw(st.binary(max_size=256))
     elif kind == "msgpack":

@@ -47,7 +47,7 @@ def config(port: int) -> LearnerConfig:
 def spawn(tmp: Path, name: str, *flags: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "node_agents.cli", "join", *flags, "--data-dir", str(tmp / name),
            "--threads", "1", "--name", name, "--model", "default", "--no-probe", "--max-retries", "40",
-           "--listen", "/ip4/127.0.0.1/tcp/0"]
+           "--listen", "/ip4/127.0.0.1/tcp/0", "--once", "--priority", "normal"]
     log = open(tmp / f"{name}.log", "w")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 

@@ -59,7 +59,7 @@ def spawn(tmp: Path, name: str, *flags: str, data_dir: str = "") -> subprocess.P
     """A ``swarm-node join`` process logging to ``<tmp>/<name>.log`` (data dir ``<tmp>/<name>`` unless given)."""
     cmd = [sys.executable, "-m", "node_agents.cli", "join", *flags, "--data-dir", data_dir or str(tmp / name),
            "--threads", "1", "--name", name, "--model", "default", "--no-probe", "--max-retries", "40",
-           "--listen", "/ip4/127.0.0.1/tcp/0"]
+           "--listen", "/ip4/127.0.0.1/tcp/0", "--once", "--priority", "normal"]
     log = open(tmp / f"{name}.log", "w")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 

@@ -49,7 +49,7 @@ def other_model(src: Path, out: Path) -> Path:
 def node_cmd(addr: str, tmp: Path, name: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "node_agents.cli", "join", "--learner", addr, "--data-dir", str(tmp / name),
             "--threads", "1", "--name", name, "--max-retries", "8", "--backend", "llamacpp", "--no-probe", "-v",
-            *extra]
+            "--once", "--priority", "normal", *extra]
 
 
 def spawn(cmd: list[str], tmp: Path, name: str) -> subprocess.Popen:

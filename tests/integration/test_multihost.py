@@ -91,7 +91,7 @@ class Swarm:
         name = f"n{host}"
         argv = [sys.executable, "-m", "node_agents.cli", "join", "--bootstrap", bootstrap,
                 "--data-dir", str(self.tmp / name), "--listen", f"/ip4/0.0.0.0/tcp/{port}", "--threads", "1",
-                "--name", name, "--no-probe", "--max-retries", "8", "-v", *extra]
+                "--name", name, "--no-probe", "--max-retries", "8", "-v", "--once", "--priority", "normal", *extra]
         env = {**self.env, "ECHO_SWARM_CACHE": str(self.tmp / f"cache-{name}")}
         p = self.spawn(host, argv, f"{name}.log", env)
         m = wait_for(self.tmp / f"{name}.log", rf"(/ip4/{re.escape(self.tb.ip(host))}/tcp/{port}/p2p/[^\s,]+)", p, 300)

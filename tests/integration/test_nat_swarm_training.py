@@ -148,7 +148,8 @@ def test_training_swarm_with_nodes_behind_eim_and_symmetric_routers(netns_hosts,
                     wait_for(tmp_path / "learner.log", rf"links: {ids[j][-6:]} connected to \d+ of", learner, 900)
             node = spawn(i, [sys.executable, "-m", "node_agents.cli", "join", "--bootstrap", laddr, "--run", run_id,
                              "--data-dir", str(tmp_path / f"n{i}"), "--listen", f"/ip4/0.0.0.0/tcp/{4100 + i}",
-                             "--threads", "1", "--name", f"n{i}", "--no-probe", "--max-retries", "8", "-v"],
+                             "--threads", "1", "--name", f"n{i}", "--no-probe", "--max-retries", "8", "-v",
+                             "--once", "--priority", "normal"],
                          f"n{i}.log", {"ECHO_SWARM_CACHE": str(tmp_path / f"cache-n{i}")})
             if i in sym:
                 ids[i] = wait_for(tmp_path / f"n{i}.log", rf"/ip4/{re.escape(tb.ip(i))}/tcp/{4100 + i}/p2p/(\w+)",

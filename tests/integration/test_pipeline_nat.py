@@ -46,7 +46,7 @@ def test_a_stage_behind_nat_serves_a_pipeline(netns_hosts, tmp_path):
         for host, mem in ((1, "300MB"), (2, "300MB"), (nat_host, "280MB")):
             argv = [sys.executable, "-m", "node_agents.cli", "join", "--bootstrap", laddr,
                     "--data-dir", str(tmp_path / f"n{host}"), "--listen", f"/ip4/0.0.0.0/tcp/{PORT}",
-                    "--threads", "1", "--name", f"n{host}", "--max-retries", "8", "-v",
+                    "--threads", "1", "--name", f"n{host}", "--max-retries", "8", "-v", "--once", "--priority", "normal",
                     "--backend", "torch", "--max-memory", mem]
             p = sw.spawn(host, argv, f"n{host}.log")
             m = wait_for(tmp_path / f"n{host}.log", r"swarm-node: listening on (\S+)", p, 600)

@@ -26,7 +26,8 @@ from swarm.wire import ANY_LIMITS, MAX_UNKNOWN_FIELDS, Message, WireError
 
 MODULES = ["swarm.proto.hello", "swarm.proto.chunks", "swarm.proto.discovery", "swarm.proto.adapter",
            "swarm.proto.dissem", "swarm.proto.model", "swarm.proto.rollouts", "swarm.proto.stage",
-           "swarm.proto.work", "swarm.pipeline.proto", "swarm.proto.links"]
+           "swarm.proto.work", "swarm.pipeline.proto", "swarm.proto.links",
+           "swarm.proto.contrib"]
 
 
 def all_messages() -> list[type]:
