@@ -44,6 +44,9 @@ from bench.gpu_plan import (EXTRA_SHAPES, PARTS, PartResult, add_cpu_ratios, ext
 WORKER_START_S = 8.0
 #: Most seconds the CPU reference of one shape may take (it is one step; more tells nothing new).
 CPU_REF_MAX_S = 90.0
+#: A worker's own deadline comes this long before its process is stopped, so it skips what does
+#: not fit (and says so) rather than being killed mid-item.
+DEADLINE_MARGIN_S = 5.0
 PRECISIONS = "auto,bf16,autocast,fp32"
 
 
@@ -189,37 +192,40 @@ class GpuCheck:
 
     def _trainer_shapes(self, res: PartResult, deadline: float, shapes: list, precisions: list[str],
                         cpu_ref: bool) -> None:
-        prev: tuple[float, float] | None = None  # (seconds, params) of the last device run
-        prev_cpu: tuple[float, float] | None = None
-        errors = []
+        """Every shape on the device first (smallest first, each estimated from the one before),
+        then the CPU references with what is left (one step each, at most ``CPU_REF_MAX_S``)."""
+        errors: list[str] = []
+        prev: tuple[float, float] | None = None  # (seconds, parameters) of the last run of this kind
         for shape in shapes:
             left = deadline - time.monotonic()
-            if prev is not None:
-                ok, why = fits(scaled_estimate(prev[0], prev[1], shape.params_m, WORKER_START_S), left)
-                if not ok:
-                    res.skipped.append(f"{shape.name}: {why}")
-                    continue
-            spec = self._train_spec(shape.name, self.args.device, precisions, self.args.steps, False)
-            spec["deadline"] = time.time() + left
-            rc, data, tail, secs = self.worker("trainer", f"trainer-{shape.name}-{self.args.device}", spec, left)
-            self._take_rows(res, data, rc, tail, shape.name, errors)
-            prev = (secs, shape.params_m)
-            if not cpu_ref:
+            est = scaled_estimate(prev[0], prev[1], shape.params_m, WORKER_START_S) if prev else WORKER_START_S
+            ok, why = fits(est, left)
+            if not ok:
+                res.skipped.append(f"{shape.name}: {why}")
                 continue
+            spec = self._train_spec(shape.name, self.args.device, precisions, self.args.steps, False)
+            secs = self._trainer_run(res, spec, f"trainer-{shape.name}-{self.args.device}", left, shape.name, errors)
+            prev = (secs, shape.params_m)
+        prev = None
+        for shape in shapes if cpu_ref else []:
             left = min(deadline - time.monotonic(), CPU_REF_MAX_S)
-            est = scaled_estimate(prev_cpu[0], prev_cpu[1], shape.params_m, WORKER_START_S) if prev_cpu else 0.0
-            ok, why = fits(est, left) if left > WORKER_START_S else (False, f"budget: {max(left, 0):.0f} s left")
+            est = scaled_estimate(prev[0], prev[1], shape.params_m, WORKER_START_S) if prev else WORKER_START_S
+            ok, why = fits(est, left)
             if not ok:
                 res.skipped.append(f"{shape.name} on the CPU: {why}")
                 continue
             spec = self._train_spec(shape.name, "cpu", ["auto"], 1, True)
-            spec["deadline"] = time.time() + left
-            rc, data, tail, secs = self.worker("trainer", f"trainer-{shape.name}-cpu", spec, left)
-            self._take_rows(res, data, rc, tail, f"{shape.name} on the CPU", errors)
-            prev_cpu = (secs, shape.params_m)
+            secs = self._trainer_run(res, spec, f"trainer-{shape.name}-cpu", left, f"{shape.name} on the CPU", errors)
+            prev = (secs, shape.params_m)
         add_cpu_ratios(res.rows)
         res.error = "\n".join(errors)
         res.status = status_of(res.rows, res.error)
+
+    def _trainer_run(self, res: PartResult, spec: dict, tag: str, left: float, what: str, errors: list[str]) -> float:
+        spec["deadline"] = time.time() + left - DEADLINE_MARGIN_S  # the worker skips before the kill
+        rc, data, tail, secs = self.worker("trainer", tag, spec, left)
+        self._take_rows(res, data, rc, tail, what, errors)
+        return secs
 
     def _take_rows(self, res: PartResult, data: dict, rc: Any, tail: str, what: str, errors: list[str]) -> None:
         res.rows += data.get("rows", [])
@@ -255,7 +261,7 @@ class GpuCheck:
                 "max_tokens": a.gen_tokens, "prompt_len": a.prompt_len, "reps": 1,
                 "llamacpp": self.env.get("llama_cpp", "not installed") != "not installed"
                 and self.env.get("default_gguf", "not installed") != "not installed",
-                "deadline": time.time() + (deadline - time.monotonic())}
+                "deadline": time.time() + (deadline - time.monotonic()) - DEADLINE_MARGIN_S}
         if not spec["llamacpp"]:
             res.skipped.append("llama.cpp: needs llama-cpp-python and the default GGUF here "
                                f"(llama_cpp {self.env.get('llama_cpp')}, default model {self.env.get('default_gguf')})")

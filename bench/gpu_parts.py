@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_plan import EXTRA_SHAPES, finite
+from bench.gpu_plan import EXTRA_SHAPES, finite, scaled_estimate, shape_of
 
 
 def write_rows(path: str | Path, rows: list[dict[str, Any]], **extra: Any) -> None:
@@ -264,34 +264,42 @@ def train_row(spec: dict[str, Any], precision: str) -> dict[str, Any]:
 # -- node backends -------------------------------------------------------------------------------
 def node_worker(spec: dict[str, Any]) -> None:
     """Per model: the torch backend on the device, then on the CPU (the reference), then
-    llama.cpp (default model only, where installed); a row each."""
+    llama.cpp (default model only, where installed); a row each. Each run is estimated from the
+    last one of its kind (scaled by parameters; a CPU run's first guess is 3x the device's) and
+    skipped, with the reason, when it would end after ``spec['deadline']``."""
     rows: list[dict[str, Any]] = []
+    last: dict[str, tuple[float, float]] = {}  # kind -> (seconds, parameters)
     for name in spec["models"]:
-        try:
-            model_dir = str(prepare_model(spec, name)[0])
-        except Exception:  # noqa: BLE001 - recorded; the next model still runs
-            rows.append({"model": name, "backend": "torch", "device": spec["device"], "error": error_text()})
-            continue
+        params = shape_of(name).params_m
         runs = [("torch", spec["device"], False)]
         if spec["device"] != "cpu":
             runs.append(("torch", "cpu", True))
         if spec.get("llamacpp") and name == "default":
             runs.append(("llamacpp", "cpu", True))
-        last_s = 0.0
+        model_dir = ""
         for backend, device, ref in runs:
-            left = float(spec["deadline"]) - time.time()
             base = {"model": name, "backend": backend, "device": device, "reference": ref}
-            if last_s and last_s * (3 if device == "cpu" and spec["device"] != "cpu" else 1) > left:
-                rows.append({**base, "skipped": f"budget: {left:.0f} s left"})
+            kind = f"{backend}-{device}"
+            left = float(spec["deadline"]) - time.time()
+            if kind in last:
+                est = scaled_estimate(last[kind][0], last[kind][1], params)
+            elif ref and f"torch-{spec['device']}" in last:
+                est = 3 * scaled_estimate(*last[f"torch-{spec['device']}"], params)
+            else:
+                est = 0.0
+            if est > left:
+                rows.append({**base, "skipped": f"budget: estimated {est:.0f} s, {left:.0f} s left"})
+                write_rows(spec["result"], rows)
                 continue
             t = time.perf_counter()
             try:
+                model_dir = model_dir or str(prepare_model(spec, name)[0])
                 rows.append(generation_row(spec, name, model_dir, backend, device, ref))
             except Exception:  # noqa: BLE001 - recorded; the next backend still runs
                 rows.append({**base, "error": error_text()})
             finally:
                 _free(device.split(":")[0])
-            last_s = time.perf_counter() - t
+            last[kind] = (time.perf_counter() - t, params)
             write_rows(spec["result"], rows)
     write_rows(spec["result"], rows)
 
