@@ -42,6 +42,8 @@ from bench.gpu_plan import (EXTRA_SHAPES, PARTS, PartResult, add_cpu_ratios, ext
 
 #: Seconds a worker process needs before it does anything (Python, torch, transformers imports).
 WORKER_START_S = 8.0
+#: Fewest seconds worth starting a worker with (its start-up and one short run).
+MIN_RUN_S = 20.0
 #: Most seconds the CPU reference of one shape may take (it is one step; more tells nothing new).
 CPU_REF_MAX_S = 90.0
 #: A worker's own deadline comes this long before its process is stopped, so it skips what does
@@ -119,9 +121,10 @@ class GpuCheck:
         self.models.mkdir(parents=True, exist_ok=True)
         self.threads = args.threads or os.cpu_count() or 1
         self.parts = [p for p in parse_list(args.parts) if p in PARTS]
+        if not parse_list(args.extra_shapes) and "extra" in self.parts:
+            self.parts.remove("extra")  # nothing to try: it keeps no time back
         self.shapes = [shape_of(s) for s in parse_list(args.shapes)]
         self.env: dict[str, Any] = {}
-        self.model_dirs: dict[str, str] = {}
 
     def left(self) -> float:
         return self.args.budget_s - (time.monotonic() - self.t0)
@@ -191,35 +194,38 @@ class GpuCheck:
                 "reference": reference}
 
     def _trainer_shapes(self, res: PartResult, deadline: float, shapes: list, precisions: list[str],
-                        cpu_ref: bool) -> None:
-        """Every shape on the device first (smallest first, each estimated from the one before),
-        then the CPU references with what is left (one step each, at most ``CPU_REF_MAX_S``)."""
+                        cpu_ref: bool, optional_shapes: bool = False) -> None:
+        """Every shape on the device, smallest first, with the first one's CPU reference right after
+        it (the ratio that matters most) and the other CPU references last, with what is left (one
+        step each, at most ``CPU_REF_MAX_S``). A named shape starts while ``MIN_RUN_S`` is left;
+        the later references and, with ``optional_shapes``, the shapes after the first are
+        estimated from the last run of their kind and skipped when the estimate does not fit."""
+        dev = [(shape, False) for shape in shapes]
+        cpu = [(shape, True) for shape in shapes] if cpu_ref else []
+        jobs = dev[:1] + cpu[:1] + dev[1:] + cpu[1:]
         errors: list[str] = []
-        prev: tuple[float, float] | None = None  # (seconds, parameters) of the last run of this kind
-        for shape in shapes:
+        last: dict[bool, tuple[float, float]] = {}  # reference? -> (seconds, parameters)
+        for shape, ref in jobs:
             left = deadline - time.monotonic()
-            est = scaled_estimate(prev[0], prev[1], shape.params_m, WORKER_START_S) if prev else WORKER_START_S
+            if ref:
+                left = min(left, CPU_REF_MAX_S)
+            # a named shape on the device starts whenever a worker can (it skips precisions itself);
+            # the optional runs (references after the first, larger shapes) must fit their estimate
+            optional = ref in last and (ref or optional_shapes)
+            est = scaled_estimate(*last[ref], shape.params_m, WORKER_START_S) if optional else MIN_RUN_S
             ok, why = fits(est, left)
+            where = " on the CPU" if ref else ""
             if not ok:
-                res.skipped.append(f"{shape.name}: {why}")
+                res.skipped.append(f"{shape.name}{where}: {why}")
                 continue
-            spec = self._train_spec(shape.name, self.args.device, precisions, self.args.steps, False)
-            secs = self._trainer_run(res, spec, f"trainer-{shape.name}-{self.args.device}", left, shape.name, errors)
-            prev = (secs, shape.params_m)
-        prev = None
-        for shape in shapes if cpu_ref else []:
-            left = min(deadline - time.monotonic(), CPU_REF_MAX_S)
-            est = scaled_estimate(prev[0], prev[1], shape.params_m, WORKER_START_S) if prev else WORKER_START_S
-            ok, why = fits(est, left)
-            if not ok:
-                res.skipped.append(f"{shape.name} on the CPU: {why}")
-                continue
-            spec = self._train_spec(shape.name, "cpu", ["auto"], 1, True)
-            secs = self._trainer_run(res, spec, f"trainer-{shape.name}-cpu", left, f"{shape.name} on the CPU", errors)
-            prev = (secs, shape.params_m)
+            device = "cpu" if ref else self.args.device
+            spec = self._train_spec(shape.name, device, ["auto"] if ref else precisions,
+                                    1 if ref else self.args.steps, ref)
+            last[ref] = (self._trainer_run(res, spec, f"trainer-{shape.name}-{'cpu' if ref else self.args.device}",
+                                           left, f"{shape.name}{where}", errors), shape.params_m)
         add_cpu_ratios(res.rows)
         res.error = "\n".join(errors)
-        res.status = status_of(res.rows, res.error)
+        res.status = status_of(res.rows, res.error, timed_out=res.timed_out)
 
     def _trainer_run(self, res: PartResult, spec: dict, tag: str, left: float, what: str, errors: list[str]) -> float:
         spec["deadline"] = time.time() + left - DEADLINE_MARGIN_S  # the worker skips before the kill
@@ -230,12 +236,14 @@ class GpuCheck:
     def _take_rows(self, res: PartResult, data: dict, rc: Any, tail: str, what: str, errors: list[str]) -> None:
         res.rows += data.get("rows", [])
         if data.get("model_dir"):
-            self.model_dirs[data["model"]] = data["model_dir"]
             res.checks[f"model {data['model']}"] = f"{data.get('note', '')} ({data.get('make_s', 0)} s to prepare)"
         if rc == "timeout":
-            errors.append(f"{what}: timed out; log tail:\n{tail[-1500:]}")
+            res.timed_out = True
+            res.skipped.append(f"{what}: stopped at its time limit (what it finished is in the rows)")
         elif rc != 0:
-            errors.append(f"{what}: exit {rc}; log tail:\n{tail[-1500:]}")
+            errors.append(f"{what}: exit {rc} (its log: logs/, the tail in log_tails)")
+        if rc != 0:
+            res.log_tails[what] = tail[-2000:]
 
     def part_trainer(self, res: PartResult, deadline: float) -> None:
         cpu_ref = not self.args.no_cpu_ref and self.args.device != "cpu"
@@ -251,7 +259,7 @@ class GpuCheck:
             else:
                 res.skipped.append(f"{name}: {why}")
         if shapes:
-            self._trainer_shapes(res, deadline, shapes, ["auto"], cpu_ref=False)
+            self._trainer_shapes(res, deadline, shapes, ["auto"], cpu_ref=False, optional_shapes=True)
         else:
             res.status = "skipped"
 
@@ -276,7 +284,7 @@ class GpuCheck:
             if not r.get("reference") and r.get("tokens_per_s") and cpu.get(r.get("model")):
                 r["vs_cpu"] = round(r["tokens_per_s"] / cpu[r["model"]], 1)
         res.error = "\n".join(errors)
-        res.status = status_of(res.rows, res.error)
+        res.status = status_of(res.rows, res.error, timed_out=res.timed_out)
 
     def _swarm_spec(self, steps: int, timeout_s: float) -> dict[str, Any]:
         a = self.args
@@ -290,12 +298,15 @@ class GpuCheck:
         res.checks = data.get("checks", {})
         for key in ("node_log_tail", "learner_log_tail"):
             if data.get(key):
-                res.checks[key] = data[key]
+                res.log_tails[key.replace("_log_tail", "")] = data[key]
         error = data.get("error", "")
+        if rc not in (0, "timeout"):
+            error += f"\nworker exit {rc}"
         if rc != 0:
-            error += f"\nworker exit {rc}; log tail:\n{tail[-1500:]}"
+            res.log_tails["worker"] = tail[-2000:]
         res.error = error.strip()
-        res.status = "timeout" if rc == "timeout" else status_of([], res.error, bool(res.checks.get("ok")))
+        res.timed_out = rc == "timeout"
+        res.status = status_of([], res.error, bool(res.checks.get("ok")) or res.timed_out, res.timed_out)
 
     def part_swarm(self, res: PartResult, deadline: float) -> None:
         self._swarm(res, deadline, "swarm", self.args.swarm_steps)

@@ -30,24 +30,29 @@ if [ -z "$ROOTS" ]; then
   exit 2
 fi
 
-# A virtual environment that sees the machine's torch, transformers and peft; else the user site.
-# Nothing to install where everything imports already (a machine set up before, or a full install).
+# Where the wheels go: nowhere if everything imports already (a machine set up before); into
+# $PY's own environment if it is a virtual environment (an ML image's usual python); else into a
+# new virtual environment that sees the system's torch, transformers and peft; else the user site.
 NEEDED="import libp2p, trio, zstandard, ifaddr, gguf, starlette, torch, transformers, peft"
+HAVE="import torch, transformers, peft"
+INSTALL=(-m pip install --no-index --find-links "$WHEELS/wheels" $ROOTS)
 VENV=/tmp/echo-swarm-gpu-venv
+RUN="$PY"
 if "$PY" -c "$NEEDED" >>"$LOG" 2>&1; then
-  RUN="$PY"
   say "everything imports with $PY: nothing installed"
-elif "$PY" -m venv --system-site-packages "$VENV" >>"$LOG" 2>&1 && "$VENV/bin/python" -m pip --version >>"$LOG" 2>&1; then
+elif "$PY" -c "import sys; sys.exit(sys.prefix == sys.base_prefix)"; then
+  say "installing into $PY's virtual environment"
+  "$PY" "${INSTALL[@]}" >>"$LOG" 2>&1
+elif "$PY" -m venv --system-site-packages "$VENV" >>"$LOG" 2>&1 && "$VENV/bin/python" -c "$HAVE" >>"$LOG" 2>&1 \
+     && "$VENV/bin/python" -m pip --version >>"$LOG" 2>&1; then
+  say "installing into $VENV (it sees the system's torch)"
   RUN="$VENV/bin/python"
-  "$RUN" -m pip install --no-index --find-links "$WHEELS/wheels" $ROOTS >>"$LOG" 2>&1
-  say "install: exit $? after $(( $(date +%s) - START )) s ($ROOTS)"
+  "$RUN" "${INSTALL[@]}" >>"$LOG" 2>&1
 else
-  say "no usable venv: installing into the user site"
-  RUN="$PY"
-  "$RUN" -m pip install --user --no-index --find-links "$WHEELS/wheels" $ROOTS >>"$LOG" 2>&1 ||
-    "$RUN" -m pip install --user --break-system-packages --no-index --find-links "$WHEELS/wheels" $ROOTS >>"$LOG" 2>&1
-  say "install: exit $? after $(( $(date +%s) - START )) s ($ROOTS)"
+  say "installing into the user site"
+  "$PY" "${INSTALL[@]}" --user >>"$LOG" 2>&1 || "$PY" "${INSTALL[@]}" --user --break-system-packages >>"$LOG" 2>&1
 fi
+say "install done after $(( $(date +%s) - START )) s ($ROOTS; pip's output in $LOG)"
 "$RUN" -c "import libp2p, trio, zstandard, ifaddr, gguf, fastecdsa, torch, transformers, peft; \
 print('imports ok: torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__)" \
   2>&1 | tail -3 | tee -a "$LOG"

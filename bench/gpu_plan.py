@@ -1,12 +1,14 @@
 """The pure pieces of ``swarm-bench gpu-check``: which model shapes, how the time budget is
 shared between the parts, and how results are recorded and shown. No torch, no I/O.
 
-Budget (:func:`part_allowance`): the check runs its parts in order (``trainer``, ``node``,
-``swarm``, ``torchrun``, then the ``extra`` larger trainer shapes); a part may use what is left
-of the whole budget less the minimum that every later part keeps (:data:`PART_MIN_S`), at most
-its own cap (:data:`PART_CAP_S`, a share of the budget), and is skipped, with the figures, when
-that is under its own minimum. Inside a part each item (a model shape, the CPU reference) is
-estimated from the one before it by parameter count (:func:`scaled_estimate`) and skipped when
+Budget (:func:`part_allowance`): the check runs its parts in order of importance (``trainer``,
+``node``, ``swarm``, ``torchrun``, then the ``extra`` larger trainer shapes); a part may use what
+is left of the whole budget less the minimum that every later part keeps (:data:`PART_MIN_S`),
+at most its own share (:data:`PART_CAP_S`); when the budget cannot hold every minimum, the earlier
+part still gets its own and the later ones go without. Inside the trainer part the named shapes
+all start while a worker can (its precisions are skipped one by one when the last one's time
+says they no longer fit); optional runs (the CPU references after the first, the larger shapes)
+are estimated from the one before by parameter count (:func:`scaled_estimate`) and skipped when
 the estimate does not fit (:func:`fits`). Every skip is recorded with its reason.
 """
 
@@ -21,7 +23,7 @@ PARTS: tuple[str, ...] = ("trainer", "node", "swarm", "torchrun", "extra")
 #: Seconds a part needs at the least to tell anything (below it the part is skipped).
 PART_MIN_S: dict[str, float] = {"trainer": 60.0, "node": 30.0, "swarm": 75.0, "torchrun": 60.0, "extra": 45.0}
 #: Most of the whole budget a part may take (the rest waits for the later parts).
-PART_CAP_S: dict[str, float] = {"trainer": 0.45, "node": 0.15, "swarm": 0.3, "torchrun": 0.25, "extra": 1.0}
+PART_CAP_S: dict[str, float] = {"trainer": 0.5, "node": 0.15, "swarm": 0.3, "torchrun": 0.25, "extra": 1.0}
 
 
 @dataclass(frozen=True)
@@ -70,12 +72,16 @@ def parse_list(text: str) -> list[str]:
 # -- budget --------------------------------------------------------------------------------------
 def part_allowance(part: str, left_s: float, total_s: float, later: list[str]) -> tuple[float, str]:
     """Seconds ``part`` may use now (``left_s`` of ``total_s`` remain; ``later`` parts still to run)
-    and, when it must be skipped, why (the allowance is then 0)."""
+    and, when it must be skipped, why (the allowance is then 0). The parts run in order of
+    importance: a part takes its share while the later ones keep their minimum; when the budget
+    cannot hold them all, it still takes its own minimum, and a later part goes without."""
     keep = sum(PART_MIN_S[p] for p in later)
-    allowed = min(left_s - keep, PART_CAP_S[part] * total_s)
-    if allowed < PART_MIN_S[part]:
-        return 0.0, (f"budget: {max(left_s, 0):.0f} s left, {keep:.0f} s kept for {', '.join(later) or 'nothing'}, "
-                     f"the part needs at least {PART_MIN_S[part]:.0f} s")
+    need = PART_MIN_S[part]
+    allowed = min(left_s - keep, max(PART_CAP_S[part] * total_s, need))
+    if allowed < need:
+        allowed = min(left_s, need)
+    if allowed < need:
+        return 0.0, f"budget: {max(left_s, 0):.0f} s left, the part needs at least {need:.0f} s"
     return allowed, ""
 
 
@@ -120,18 +126,23 @@ class PartResult:
     error: str = ""
     #: What the part checked beyond its rows (the swarm run's outcome, the torchrun path).
     checks: dict[str, Any] = field(default_factory=dict)
+    #: The last lines of each of its processes' logs, by process (the whole logs are in ``logs/``).
+    log_tails: dict[str, str] = field(default_factory=dict)
+    #: A worker of it was stopped at its time limit.
+    timed_out: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"part": self.part, "status": self.status, "seconds": round(self.seconds, 1),
                 "allowance_s": round(self.allowance_s, 1), "rows": self.rows, "skipped": self.skipped,
-                "error": self.error, "checks": self.checks}
+                "error": self.error, "checks": self.checks, "log_tails": self.log_tails}
 
 
-def status_of(rows: list[dict[str, Any]], error: str, checks_ok: bool = True) -> str:
-    """``failed`` when the part raised, a check failed or a row carries an error; else ``ok``."""
+def status_of(rows: list[dict[str, Any]], error: str, checks_ok: bool = True, timed_out: bool = False) -> str:
+    """``failed`` when the part raised, a check failed or a row carries an error; else ``timeout``
+    when a worker was stopped at its limit; else ``ok``."""
     if error or not checks_ok or any(r.get("error") for r in rows):
         return "failed"
-    return "ok"
+    return "timeout" if timed_out else "ok"
 
 
 # -- tables --------------------------------------------------------------------------------------
@@ -181,8 +192,9 @@ def summary_lines(results: list[PartResult], env: dict[str, Any]) -> list[str]:
         out.append("")
         out.append(f"## {r.part}: {r.status} ({r.seconds:.0f} s of {r.allowance_s:.0f} s allowed)")
         out += [f"- skipped: {s}" for s in r.skipped]
-        if r.error:
-            out.append("- error: " + r.error.strip().splitlines()[-1][:300])
+        for line in r.error.strip().splitlines() if r.error else []:
+            if line and not line.startswith(" ") and not line.startswith("Traceback"):
+                out.append("- error: " + line[:300])
         for k, v in r.checks.items():
             out.append(f"- {k}: {v}")
         if r.rows and r.part in ("trainer", "extra"):

@@ -14,13 +14,17 @@ from bench.gpu_swarm import swarm_outcome
 def test_a_part_leaves_the_later_parts_their_minimum_and_takes_at_most_its_share():
     later = ["node", "swarm", "torchrun", "extra"]
     allowed, why = part_allowance("trainer", 450, 450, later)
-    assert why == "" and allowed == pytest.approx(0.45 * 450)  # its cap, not all that is left
+    assert why == "" and allowed == pytest.approx(0.5 * 450)  # its cap, not all that is left
     allowed, why = part_allowance("trainer", 300, 450, later)
     assert allowed == pytest.approx(300 - sum(PART_MIN_S[p] for p in later))
-    allowed, why = part_allowance("trainer", 250, 450, later)  # 250 - 210 = 40 s < the trainer's 60
-    assert allowed == 0 and "needs at least 60 s" in why and "kept for node, swarm, torchrun, extra" in why
+    allowed, why = part_allowance("trainer", 250, 450, later)  # 250 - 210 = 40 s < the trainer's 60:
+    assert allowed == PART_MIN_S["trainer"] and why == ""  # it still gets its own, a later part goes without
+    allowed, why = part_allowance("swarm", 50, 450, ["torchrun"])
+    assert allowed == 0 and "50 s left, the part needs at least 75 s" in why
     allowed, why = part_allowance("extra", 100, 450, [])  # the last part takes what is left
     assert allowed == 100 and why == ""
+    allowed, why = part_allowance("node", 72, 150, [])  # a small budget's share never falls under the minimum
+    assert allowed == PART_MIN_S["node"] and why == ""
 
 
 def test_estimates_scale_with_parameters_over_a_fixed_start():
@@ -68,14 +72,18 @@ def test_status_and_summary():
     assert status_of([{"error": "x"}], "") == "failed"
     assert status_of([], "boom") == "failed"
     assert status_of([], "", checks_ok=False) == "failed"
+    assert status_of([{"a": 1}], "", timed_out=True) == "timeout"
+    assert status_of([{"error": "x"}], "", timed_out=True) == "failed"
     res = [PartResult("trainer", "ok", 12.0, 100.0, rows=[{"model": "m", "tokens_per_s": 1.0}]),
            PartResult("torchrun", "skipped", skipped=["budget: 10 s left"]),
-           PartResult("swarm", "failed", 5.0, 50.0, error="Traceback\nValueError: no", checks={"ok": False})]
+           PartResult("swarm", "failed", 5.0, 50.0, error="Traceback (most recent call last):\n  File x\nValueError: no",
+                      checks={"ok": False})]
     lines = summary_lines(res, {"device_name": "NVIDIA H100", "torch": "2.11.0"})
     assert lines[0].startswith("gpu-check on NVIDIA H100 (torch 2.11.0")
     text = "\n".join(lines)
     assert "## trainer: ok (12 s of 100 s allowed)" in text and "| m |" in text
     assert "- skipped: budget: 10 s left" in text and "- error: ValueError: no" in text and "- ok: False" in text
+    assert "File x" not in text and "Traceback" not in text
     assert res[0].to_json()["rows"] == [{"model": "m", "tokens_per_s": 1.0}]
 
 
