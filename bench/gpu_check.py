@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,7 +97,11 @@ def run(args: argparse.Namespace) -> None:
             raise SystemExit(f"gpu-check: unknown worker {args.worker!r}")
         workers[args.worker](json.loads(args.spec))
         return
-    results = GpuCheck(args).run()
+    try:
+        check = GpuCheck(args)
+    except ValueError as e:
+        raise SystemExit(f"gpu-check: {e}") from None
+    results = check.run()
     if any(r.status in ("failed", "timeout") for r in results):
         raise SystemExit(1)
 
@@ -110,6 +115,7 @@ class GpuCheck:
         self.out = Path(args.out)
         (self.out / "raw").mkdir(parents=True, exist_ok=True)
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        self.temp_work = args.work is None  # the runs' folders go with it at the end
         if args.work is not None:
             self.work = Path(args.work)
             self.models = self.work / "models"
@@ -165,6 +171,10 @@ class GpuCheck:
         rc, data, tail, _ = self.worker("env", "env", self.base_spec(), 120)
         self.env = data.get("env", {"error": tail})
         print(f"gpu-check: {json.dumps(self.env)}", flush=True)
+        if self.args.device.startswith("cuda") and not self.env.get("cuda_available"):
+            self._write([])
+            raise SystemExit(f"gpu-check: torch sees no CUDA GPU here ({self.env.get('torch', 'torch did not import')}); "
+                             "--device cpu checks the same paths on the CPU")
         results = []
         for i, part in enumerate(self.parts):
             allowance, why = part_allowance(part, self.left(), self.args.budget_s, self.parts[i + 1:])
@@ -180,12 +190,20 @@ class GpuCheck:
                 res.seconds = time.monotonic() - t
             results.append(res)
             (self.out / f"{part}.json").write_text(json.dumps(res.to_json(), indent=1, default=str))
-        summary = {"env": self.env, "budget_s": self.args.budget_s, "wall_s": round(time.monotonic() - self.t0, 1),
-                   "device": self.args.device, "argv": sys.argv[1:], "parts": [r.to_json() for r in results]}
-        (self.out / "gpu-check.json").write_text(json.dumps(summary, indent=1, default=str))
+        wall = self._write(results)
         print("\n".join(summary_lines(results, self.env)), flush=True)
-        print(f"\ngpu-check: {summary['wall_s']:.0f} s of {self.args.budget_s:.0f} s; results in {self.out}", flush=True)
+        print(f"\ngpu-check: {wall:.0f} s of {self.args.budget_s:.0f} s; results in {self.out}", flush=True)
+        if self.temp_work:
+            shutil.rmtree(self.work, ignore_errors=True)
         return results
+
+    def _write(self, results: list[PartResult]) -> float:
+        """``<out>/gpu-check.json``: the machine, the budget and every part; returns the wall time."""
+        wall = round(time.monotonic() - self.t0, 1)
+        summary = {"env": self.env, "budget_s": self.args.budget_s, "wall_s": wall, "device": self.args.device,
+                   "argv": sys.argv[1:], "parts": [r.to_json() for r in results]}
+        (self.out / "gpu-check.json").write_text(json.dumps(summary, indent=1, default=str))
+        return wall
 
     def _train_spec(self, shape: str, device: str, precisions: list[str], steps: int, reference: bool) -> dict:
         a = self.args

@@ -80,7 +80,8 @@ def sequence_bytes(shape: ModelShape, seq_len: int, completion_len: int, *, act_
         raise ValueError(f"bad sequence lengths: {seq_len} tokens, {completion_len} completion tokens")
     h, f = shape.hidden, shape.intermediate
     # queries and attention output are q_dim wide (= h unless the heads set their own width)
-    per_token_layer = 4 * h + 2 * shape.q_dim + 2 * shape.kv_dim + 4 * f + (2 * shape.heads * seq_len if attention_scores else 0)
+    per_token_layer = (4 * h + 2 * shape.q_dim + 2 * shape.kv_dim + 4 * f
+                       + (2 * shape.heads * seq_len if attention_scores else 0))
     full_layer = seq_len * per_token_layer * act_bytes
     if grad_checkpointing:
         body = shape.layers * seq_len * h * act_bytes + full_layer

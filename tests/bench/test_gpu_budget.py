@@ -37,7 +37,8 @@ def fake_check(tmp_path: Path, monkeypatch, argv: list[str], stop: set[str] = fr
         calls.append((tag, round(timeout_s)))
         if part == "env":
             clock.now += 5
-            return 0, {"env": {"device_name": "NVIDIA H100", "gpu_memory_bytes": 80 * 2**30}}, "", 5.0
+            env = {"device_name": "NVIDIA H100", "gpu_memory_bytes": 80 * 2**30, "cuda_available": True}
+            return 0, {"env": env}, "", 5.0
         took = DURATIONS[tag]
         if tag in stop or took > timeout_s:
             clock.now += timeout_s
@@ -92,3 +93,32 @@ def test_a_short_budget_keeps_the_first_parts_and_skips_the_last_with_the_figure
     skipped = [p for p, r in results.items() if r.status == "skipped"]
     assert skipped and skipped[-1] == "torchrun" and results["torchrun"].skipped[0].startswith("budget:")
     assert sum(t for tag, t in calls if tag != "env") <= 200
+
+
+def test_cuda_asked_where_torch_sees_none_stops_with_the_remedy(tmp_path, monkeypatch):
+    check, calls = fake_check(tmp_path, monkeypatch, ["--budget-s", "450"])
+
+    def cpu_only(part, tag, spec, timeout_s):
+        calls.append((tag, timeout_s))
+        return 0, {"env": {"torch": "2.13.0+cpu", "cuda_available": False}}, "", 1.0
+
+    monkeypatch.setattr(check, "worker", cpu_only)
+    try:
+        check.run()
+    except SystemExit as e:
+        assert "torch sees no CUDA GPU here (2.13.0+cpu); --device cpu" in str(e.code)
+    else:
+        raise AssertionError("no exit")
+    assert [t for t, _ in calls] == ["env"]
+    assert json.loads((tmp_path / "out" / "gpu-check.json").read_text())["env"]["cuda_available"] is False
+
+
+def test_an_unknown_shape_is_a_clear_error(tmp_path):
+    from bench.cli import main
+
+    try:
+        main(["gpu-check", "--out", str(tmp_path), "--shapes", "gpt5"])
+    except SystemExit as e:
+        assert str(e.code).startswith("gpu-check: unknown model shape 'gpt5'")
+    else:
+        raise AssertionError("no exit")
