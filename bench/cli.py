@@ -25,6 +25,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dashboard-overhead": ("bench.dashboard_bench", "the learner's step time with the live dashboard off and on (clients connected)"),
     "make-model": ("bench.make_model", "write a random-weight HF model of a supported family (llama3, qwen2, qwen3)"),
     "learner": ("bench.learner_bench", "learner training tokens/s and peak memory by device, rank count and model size"),
+    "gpu-wheels": ("bench.gpu_wheels", "fetch the wheels gpu-check needs on a bare GPU machine (CPython 3.12) and check their size"),
+    "gpu-check": ("bench.gpu_check", "the learner and the torch node on a GPU (CPU ratio, swarm run, torchrun) in one budgeted command"),
     "load": ("bench.load", "many simulated nodes (real libp2p hosts) against one learner: leases/pushes per s, latency, memory"),
     "verify-cost": ("bench.verify_cost", "rollout verification's cost: per verified group, and the default demo with it on and off"),
     "replay-exactness": ("bench.replay_exactness", "llama.cpp CPU replay from a lease's seed: identical completions per condition (threads, batch layout, KV, ISA)"),

@@ -204,21 +204,8 @@ def _node_backend_row(args: argparse.Namespace, spec: str, model_dir: Path) -> d
 
     device = D.resolve_device(load_config(LearnerConfig, None, shortcut_overrides(args, TRAIN_FLAGS)).train.device, 0)
     be = TorchBackend(model_dir, device=device, threads=args.threads or (os.cpu_count() or 1))
-    from transformers import AutoConfig
-
-    from common.lora import LoraAdapter
-
-    cfg = AutoConfig.from_pretrained(str(model_dir))
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    be.set_adapter(random_lora(model_dir))
     rng = torch.Generator().manual_seed(0)
-    tensors = {}
-    for i in range(cfg.num_hidden_layers):  # a small random adapter on q and v: the swap path is exercised
-        for proj, out_dim in (("q_proj", cfg.num_attention_heads * head_dim), ("v_proj", kv_heads * head_dim)):
-            pre = f"base_model.model.model.layers.{i}.self_attn.{proj}"
-            tensors[f"{pre}.lora_A.weight"] = (torch.randn(8, cfg.hidden_size, generator=rng) * 0.01).numpy()
-            tensors[f"{pre}.lora_B.weight"] = (torch.randn(out_dim, 8, generator=rng) * 0.01).numpy()
-    be.set_adapter(LoraAdapter(version=1, rank=8, alpha=16.0, target_modules=["q_proj", "v_proj"], tensors=tensors))
     hi = min(be.n_vocab, 32000)
     prompt = torch.randint(3, hi, (args.prompt_len,), generator=rng).tolist()
     params = SamplingParams(temperature=1.0, max_tokens=args.completion_len, seed=0)
@@ -235,6 +222,27 @@ def _node_backend_row(args: argparse.Namespace, spec: str, model_dir: Path) -> d
             "precision": be.dtype, "micro_batch": args.group * args.prompts, "tokens_per_step": None,
             "step_s": None, "tokens_per_s": round(n / dt, 1), "peak_gib": None, "steps": args.steps,
             "load_avg": round(os.getloadavg()[0], 2)}
+
+
+def random_lora(model_dir: Path, rank: int = 8):
+    """A small random rank-``rank`` adapter on q and v of every layer of ``model_dir`` (the node
+    backends' swap path is exercised; its values change the tokens, not the speed)."""
+    import torch
+    from transformers import AutoConfig
+
+    from common.lora import LoraAdapter
+
+    cfg = AutoConfig.from_pretrained(str(model_dir))
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    rng = torch.Generator().manual_seed(0)
+    tensors = {}
+    for i in range(cfg.num_hidden_layers):
+        for proj, out_dim in (("q_proj", cfg.num_attention_heads * head_dim), ("v_proj", kv_heads * head_dim)):
+            pre = f"base_model.model.model.layers.{i}.self_attn.{proj}"
+            tensors[f"{pre}.lora_A.weight"] = (torch.randn(rank, cfg.hidden_size, generator=rng) * 0.01).numpy()
+            tensors[f"{pre}.lora_B.weight"] = (torch.randn(out_dim, rank, generator=rng) * 0.01).numpy()
+    return LoraAdapter(version=1, rank=rank, alpha=2.0 * rank, target_modules=["q_proj", "v_proj"], tensors=tensors)
 
 
 # -- output --------------------------------------------------------------------------------------

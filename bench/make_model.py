@@ -170,15 +170,16 @@ def build_tokenizer(family: str, bpe_vocab: int = TINY_BPE_VOCAB):
                                    chat_template=template, model_max_length=32768, clean_up_tokenization_spaces=False)
 
 
-def model_config(family: str, size: str, tokenizer):
-    """The transformers config of ``family`` at ``size`` for ``tokenizer``."""
+def model_config(family: str, size: str, tokenizer, shape: dict | None = None):
+    """The transformers config of ``family`` at ``size`` for ``tokenizer``; ``shape`` (config
+    fields as in :data:`SHAPES`) replaces the size's own, e.g. for a larger released shape."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     if family not in SHAPES:
         raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
-    if size not in SHAPES[family]:
+    if shape is None and size not in SHAPES[family]:
         raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
-    shape = dict(SHAPES[family][size])
+    shape = dict(SHAPES[family][size] if shape is None else shape)
     if shape["vocab_size"] is None:
         # exactly the tokenizer: a random model gives padding rows real probability, and a node
         # sampling an id the tokenizer does not have is (rightly) rejected by the learner
@@ -186,19 +187,23 @@ def model_config(family: str, size: str, tokenizer):
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _TOKENS[family][0]}
     if family == "llama3":
         eos = [ids["<|end_of_text|>"], ids["<|eom_id|>"], ids["<|eot_id|>"]]
-        return LlamaConfig(**_LLAMA3_COMMON, **shape, bos_token_id=ids["<|begin_of_text|>"], eos_token_id=eos,
+        return LlamaConfig(**{**_LLAMA3_COMMON, **shape}, bos_token_id=ids["<|begin_of_text|>"], eos_token_id=eos,
                            pad_token_id=None)
     cls = Qwen2Config if family == "qwen2" else Qwen3Config
     extra = {"attention_bias": False} if family == "qwen3" else {}
-    return cls(**_QWEN_COMMON, **shape, **extra, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+    return cls(**{**_QWEN_COMMON, **shape, **extra}, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
                use_sliding_window=False)
 
 
-def make_model(family: str, out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
+def make_model(family: str, out_dir: str | Path, size: str = "tiny", seed: int = 0, *,
+               shape: dict | None = None, device: str | None = None) -> Path:
     """Write a complete random-weight HF model directory of ``family`` at ``size``; returns it.
 
     ``tiny`` is saved in float32 (test fixtures, parity); ``0.5b``/``1.5b`` in bfloat16 as the
     released checkpoints are. The tokenizer does not depend on ``seed``; the weights do.
+    ``shape``: config fields replacing the size's (:func:`model_config`; saved in bfloat16 unless
+    ``size`` is ``tiny``). ``device``: where the weights are drawn (a GPU draws billions in a
+    moment; the same seed gives other numbers there than on the CPU).
     """
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -208,10 +213,11 @@ def make_model(family: str, out_dir: str | Path, size: str = "tiny", seed: int =
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(family)
-    config = model_config(family, size, tokenizer)
+    config = model_config(family, size, tokenizer, shape)
     dtype = torch.float32 if size == "tiny" else torch.bfloat16
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.device(device or "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if size == "tiny":
         _spread_tiny(model, seed)
     model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=_eos_list(family, tokenizer),

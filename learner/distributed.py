@@ -47,10 +47,13 @@ class DistContext:
     backend: str = "gloo"
     #: The gloo group for Python-object messages (samples, state); None until initialised.
     object_group: Any = field(default=None, repr=False)
+    #: Started by torchrun: the process group is joined even by a single rank, so
+    #: ``torchrun --nproc-per-node 1`` runs the distributed path (NCCL on a GPU) with one rank.
+    launched: bool = False
 
     @property
     def active(self) -> bool:
-        return self.world > 1
+        return self.world > 1 or self.launched
 
     @property
     def is_main(self) -> bool:
@@ -69,7 +72,7 @@ def env_context(environ: dict[str, str] | None = None) -> DistContext:
         raise ValueError(f"bad torchrun environment: {e}") from None
     if world < 1 or not 0 <= rank < world or local < 0:
         raise ValueError(f"bad torchrun environment: RANK={rank} WORLD_SIZE={world} LOCAL_RANK={local}")
-    return DistContext(rank=rank, world=world, local_rank=local)
+    return DistContext(rank=rank, world=world, local_rank=local, launched="RANK" in env and "WORLD_SIZE" in env)
 
 
 def resolve_device(spec: str, local_rank: int = 0, cuda_available: bool | None = None) -> str:
@@ -92,8 +95,8 @@ def resolve_device(spec: str, local_rank: int = 0, cuda_available: bool | None =
 
 
 def init(device: str, timeout_s: float = 3600.0, environ: dict[str, str] | None = None) -> DistContext:
-    """Join the process group when launched by torchrun with more than one rank (NCCL for CUDA
-    devices, gloo otherwise, plus a gloo group for object messages); a no-op for one rank.
+    """Join the process group when launched by torchrun, with any number of ranks (NCCL for CUDA
+    devices, gloo otherwise, plus a gloo group for object messages); a no-op otherwise.
     ``timeout_s`` bounds every collective, including a follower's wait for the next step."""
     global _CURRENT
     ctx = env_context(environ)

@@ -1,7 +1,8 @@
 """``swarm-learner launch --gpus N``: the learner on N ranks through ``torchrun``.
 
 - ``--gpus N`` (N > 1) re-runs the same command under ``python -m torch.distributed.run
-  --standalone --nproc-per-node N``; a user may equally call ``torchrun ... -m learner.cli launch
+  --standalone --nproc-per-node N`` (:func:`torchrun_command`; with N = 1 it gives the same path on
+  one rank, which ``swarm-bench gpu-check`` runs to prove NCCL and the launcher on one GPU); a user may equally call ``torchrun ... -m learner.cli launch
   ...`` themselves, e.g. on several machines with ``--nnodes``, ``--node-rank`` and
   ``--rdzv-endpoint``: every rank reads its place from torchrun's environment.
 - Under torchrun, :func:`run_ranks` joins the process group (NCCL on GPUs, gloo on CPU), lets
@@ -32,8 +33,8 @@ def under_torchrun(environ: dict[str, str] | None = None) -> bool:
 def torchrun_command(gpus: int, argv: list[str], run_dir: Path, python: str = sys.executable) -> list[str]:
     """The command that runs ``swarm-learner`` ``argv`` on ``gpus`` local ranks: ``--gpus`` is
     dropped and the run directory is fixed (ranks must not each pick a timestamped one)."""
-    if gpus < 2:
-        raise ValueError("torchrun is only needed for 2 or more ranks")
+    if gpus < 1:
+        raise ValueError("torchrun needs at least one rank")
     rest, skip = [], False
     for i, a in enumerate(argv):
         if skip:

@@ -10,8 +10,9 @@ The estimate (bytes kept for the backward pass of one sequence of ``L`` tokens, 
 completion tokens, activations of ``a`` bytes per element, ``h`` hidden, ``f`` MLP width,
 ``kv`` the key/value width, ``H`` attention heads, ``V`` vocabulary, ``n`` layers):
 
-- per layer, per token: ``6h + 2kv + 4f`` saved elements (norm inputs, q/k/v, attention output,
-  o_proj output, gate/up/activation/product, down output), plus ``2 H L`` for the attention
+- per layer, per token: ``4h + 2q + 2kv + 4f`` saved elements (norm inputs, q/k/v, attention output,
+  o_proj output, gate/up/activation/product, down output; ``q`` = heads x head width, which is
+  ``h`` unless the model sets its own head width, as Qwen3 does), plus ``2 H L`` for the attention
   scores and probabilities when the attention kernel materialises them (``attention_scores``);
 - with gradient checkpointing only each layer's input (``h`` per token) is kept, plus one layer
   recomputed in full during the backward pass;
@@ -50,6 +51,8 @@ class ModelShape:
     kv_heads: int
     #: Vocabulary size V.
     vocab: int
+    #: Width of one attention head; 0 = ``hidden // heads`` (Qwen3 sets its own, e.g. 128 at hidden 1024, 16 heads).
+    head_dim: int = 0
 
     @classmethod
     def from_hf_config(cls, cfg: Any) -> "ModelShape":
@@ -57,11 +60,17 @@ class ModelShape:
         heads = int(cfg.num_attention_heads)
         return cls(hidden=int(cfg.hidden_size), layers=int(cfg.num_hidden_layers),
                    intermediate=int(cfg.intermediate_size), heads=heads,
-                   kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads), vocab=int(cfg.vocab_size))
+                   kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads), vocab=int(cfg.vocab_size),
+                   head_dim=int(getattr(cfg, "head_dim", None) or 0))
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries (and of the attention output): heads x head width."""
+        return (self.head_dim or self.hidden // self.heads) * self.heads
 
     @property
     def kv_dim(self) -> int:
-        return self.hidden // self.heads * self.kv_heads
+        return (self.head_dim or self.hidden // self.heads) * self.kv_heads
 
 
 def sequence_bytes(shape: ModelShape, seq_len: int, completion_len: int, *, act_bytes: int = 2,
@@ -70,7 +79,9 @@ def sequence_bytes(shape: ModelShape, seq_len: int, completion_len: int, *, act_
     if seq_len < 1 or completion_len < 0 or completion_len > seq_len:
         raise ValueError(f"bad sequence lengths: {seq_len} tokens, {completion_len} completion tokens")
     h, f = shape.hidden, shape.intermediate
-    per_token_layer = 6 * h + 2 * shape.kv_dim + 4 * f + (2 * shape.heads * seq_len if attention_scores else 0)
+    # queries and attention output are q_dim wide (= h unless the heads set their own width)
+    per_token_layer = (4 * h + 2 * shape.q_dim + 2 * shape.kv_dim + 4 * f
+                       + (2 * shape.heads * seq_len if attention_scores else 0))
     full_layer = seq_len * per_token_layer * act_bytes
     if grad_checkpointing:
         body = shape.layers * seq_len * h * act_bytes + full_layer

@@ -111,8 +111,14 @@ def first_reaching(rows: list[dict[str, Any]], threshold: float, window: int = R
     return None
 
 
-def plot_rewards(rows: list[dict[str, Any]], out: Path, title: str = "reward") -> None:
-    import matplotlib
+def plot_rewards(rows: list[dict[str, Any]], out: Path, title: str = "reward") -> bool:
+    """Draw ``reward.png``; False (with a warning) where matplotlib is not installed, e.g. a GPU
+    server with only what training needs: the run's other outputs never depend on the plot."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("metrics: matplotlib is not installed; %s not drawn (metrics.jsonl has the figures)", out.name)
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -131,3 +137,4 @@ def plot_rewards(rows: list[dict[str, Any]], out: Path, title: str = "reward") -
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
+    return True

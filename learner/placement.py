@@ -4,7 +4,8 @@ precision setting, gradient checkpointing and FSDP sharding of the frozen base.
 Precision (``train.precision``):
 
 - ``bf16``: base weights stored in bfloat16 (half the memory), forward under bf16 autocast;
-  the LoRA parameters and their AdamW state stay float32. The default on CUDA (``auto``).
+  the LoRA parameters and their AdamW state stay float32. The default on CUDA (``auto``) where
+  the GPU computes in bfloat16 (``fp32`` on one that does not).
 - ``autocast``: float32 master base weights, forward under bf16 autocast. The default on CPU
   (``auto``), where it is 1.5-2.4x faster than fp32 and bf16 storage brings nothing.
 - ``fp32``: float32 everywhere, no autocast (the numerical reference).
@@ -18,13 +19,18 @@ from typing import Any
 from learner.config import PRECISIONS
 
 
-def resolve_precision(precision: str, device: str) -> tuple[str, bool]:
-    """``train.precision`` -> (base weight dtype name, bf16 autocast on)."""
+def resolve_precision(precision: str, device: str, cuda_bf16: bool = True) -> tuple[str, bool]:
+    """``train.precision`` -> (base weight dtype name, bf16 autocast on). ``cuda_bf16``: whether
+    the CUDA device computes in bfloat16 (``torch.cuda.is_bf16_supported()``; before Ampere it
+    does not, and torch refuses bf16 autocast there): ``auto`` then means ``fp32``."""
     p = (precision or "auto").lower()
     if p not in PRECISIONS:
         raise ValueError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    cuda = device.startswith("cuda")
     if p == "auto":
-        p = "bf16" if device.startswith("cuda") else "autocast"
+        p = ("bf16" if cuda_bf16 else "fp32") if cuda else "autocast"
+    if cuda and not cuda_bf16 and p != "fp32":
+        raise ValueError(f"train.precision={p} needs bfloat16, which this GPU does not support; use fp32 or auto")
     return {"bf16": ("bfloat16", True), "autocast": ("float32", True), "fp32": ("float32", False)}[p]
 
 

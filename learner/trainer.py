@@ -81,7 +81,8 @@ class Trainer:
             torch.set_num_threads(int(t.torch_threads))
         self.device = torch.device(resolve_device(t.device, dist.local_rank if dist is not None else 0))
         #: storage dtype of the frozen base (``float32`` or ``bfloat16``) and bf16 autocast of the forward
-        self.base_dtype, self.bf16_autocast = placement.resolve_precision(t.precision, str(self.device))
+        cuda_bf16 = self.device.type != "cuda" or torch.cuda.is_bf16_supported()
+        self.base_dtype, self.bf16_autocast = placement.resolve_precision(t.precision, str(self.device), cuda_bf16)
         self.seed, self.step = int(t.seed), 0
         _seed_everything(self.seed)
 
@@ -335,6 +336,8 @@ class Trainer:
                 ratio_max, ratio_min = max(ratio_max, st["ratio_max"]), min(ratio_min, st["ratio_min"])
         if checks is not None and checks.failed:
             self._abandon(checks)
+        if self.device.type == "cuda":  # the backward is queued: let it finish before the optimizer's clock
+            torch.cuda.synchronize(self.device)
         t_opt = time.perf_counter()
         # several ranks: sum over ranks = the single-rank gradient (one rank: unchanged)
         agg, ratio_max, ratio_min = self.ranks.reduce(self.params, agg, ratio_max, ratio_min)

@@ -20,6 +20,20 @@ def test_shape_from_hf_config_defaults_kv_heads_to_heads():
     assert s.kv_dim == 64
 
 
+def test_heads_with_their_own_width_count_it():
+    """Qwen3-0.6B: 16 heads of 128 at hidden 1024 (queries 2048 wide, keys/values 8 x 128): the
+    planner counts those widths, not hidden / heads, so it keeps over-estimating."""
+    cfg = SimpleNamespace(hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, num_attention_heads=16,
+                          num_key_value_heads=8, head_dim=128, vocab_size=151936)
+    s = ModelShape.from_hf_config(cfg)
+    assert (s.q_dim, s.kv_dim) == (2048, 1024)
+    plain = ModelShape(hidden=1024, layers=28, intermediate=3072, heads=16, kv_heads=8, vocab=151936)
+    assert (plain.q_dim, plain.kv_dim) == (1024, 512)
+    per_layer_token = (sequence_bytes(s, 100, 0, act_bytes=1, attention_scores=False)
+                       - sequence_bytes(plain, 100, 0, act_bytes=1, attention_scores=False)) / (28 * 100)
+    assert per_layer_token == 2 * (2048 - 1024) + 2 * (1024 - 512)
+
+
 def test_bytes_grow_with_length_and_shrink_with_checkpointing():
     a = sequence_bytes(QWEN_1_5B, 256, 64)
     b = sequence_bytes(QWEN_1_5B, 512, 64)

@@ -21,6 +21,17 @@ def test_precision_setting():
         resolve_precision("fp8", "cpu")
 
 
+def test_precision_on_a_gpu_without_bf16():
+    """Before Ampere a GPU has no bf16 (torch refuses bf16 autocast there): auto trains in fp32,
+    an explicit bf16 setting is refused with the remedy; the CPU is not affected."""
+    assert resolve_precision("auto", "cuda:0", cuda_bf16=False) == ("float32", False)
+    assert resolve_precision("fp32", "cuda:0", cuda_bf16=False) == ("float32", False)
+    for p in ("bf16", "autocast"):
+        with pytest.raises(ValueError, match="does not support"):
+            resolve_precision(p, "cuda:0", cuda_bf16=False)
+    assert resolve_precision("auto", "cpu", cuda_bf16=False) == ("float32", True)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> ResolvedModel:
     from transformers import LlamaConfig, LlamaForCausalLM
