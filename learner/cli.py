@@ -157,6 +157,12 @@ def _default_run_dir(prefix: str) -> Path:
     return Path("runs") / f"{prefix}{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+#: Modules of the ``learner`` extra (``pyproject.toml``): one missing means a node-only install.
+LEARNER_EXTRA_MODULES = frozenset({"torch", "transformers", "peft", "safetensors", "matplotlib", "starlette",
+                                   "hypercorn", "prometheus_client", "reasoning_gym", "math_verify", "datasets",
+                                   "tensorboard", "llama_cpp"})
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -209,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except FileNotFoundError as e:
         print(f"swarm-learner: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in LEARNER_EXTRA_MODULES:
+            raise
+        print(f"swarm-learner: {e}: the learner needs its extra (pip install 'echo-swarm[learner]'); "
+              f"this looks like a node-only install", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("swarm-learner: interrupted", file=sys.stderr)

@@ -58,6 +58,10 @@ class ModelConfig:
     revision: str = ""
     #: Where converted models are cached; empty = ``$ECHO_SWARM_CACHE`` or the XDG cache.
     cache_dir: str = ""
+    #: GGUF type of the copy of an HF directory that the learner also serves to llama.cpp nodes (made
+    #: once with llama.cpp's converter and cached), so those nodes need no converter, torch or
+    #: transformers; they may re-quantise it (``swarm-node join --quant``). Unused for a GGUF model.
+    gguf_outtype: Literal["f16", "f32", "bf16", "q8_0"] = "f16"
 
 
 @dataclass

@@ -33,7 +33,7 @@ from learner.identity import announce_run, join_line, join_swarm, keep_peers, ru
 from learner.lease_gate import GateSettings
 from learner.metrics import MetricsWriter, plot_rewards, progress_line, rolling_mean
 from learner.model_serve import start_model_serve
-from learner.models import load_tokenizer, resolve_model
+from learner.models import llamacpp_form, load_tokenizer, resolve_model
 from learner.ledger import WorkLedger
 from learner.pipelines import pipeline_settings, stage_alive
 from learner.replay_llamacpp import build_replay
@@ -107,6 +107,9 @@ async def run_learner(
     console(f"learner: loading model {cfg.model.name!r} ...")
     resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, cfg.model.cache_dir or None,
                                              cfg.model.revision)
+    # what llama.cpp nodes load, served beside an HF directory (converted once, cached)
+    gguf = await trio.to_thread.run_sync(
+        lambda: llamacpp_form(resolved, cfg.model.gguf_outtype, cfg.model.cache_dir or None, console))
     trainer = await trio.to_thread.run_sync(build_trainer, resolved, cfg)
     console(f"learner: {trainer.describe()}")
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, resolved.hf_dir)
@@ -140,7 +143,7 @@ async def run_learner(
         access = ReadAccess(admission, nodes.__contains__,  # who may read a private run's content
                             issuer=TicketIssuer(host.private_key(), host.peer_id, run_id))  # members' tickets
         model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, cfg.model.name,
-                                              cache_root(cfg.model.cache_dir or None), access=access)
+                                              cache_root(cfg.model.cache_dir or None), access=access, gguf=gguf)
         console(f"learner: base model {cfg.model.name} sha256 {model_serve.content_sha256[:12]}")
         versions, ledger = AdapterVersions(), WorkLedger()
         replay = build_replay(cfg, resolved.gguf_path, versions, nodes)  # exact checks (learner/replay.py)

@@ -20,11 +20,20 @@ after the greeted ones, none in a private run), so strangers cannot grow the tab
 greeted holders out of manifest replies (at most ``MAX_HOLDERS`` holders of at most 16 addresses
 each: far below the frame cap). :func:`hello_model_check` decides whether a node's model is
 the run's (pure; called from ``LearnerService.on_hello``).
+
+Forms. A run's model is served as given (``model.name``) and, when that is an HF directory, also
+as the GGUF a llama.cpp node loads (``model.gguf_outtype``, made once with llama.cpp's converter,
+``node_agents.convert``, and cached), so that such a node never needs the converter, torch or
+transformers. Each form has its own signed manifest, chunks and holders (:attr:`LearnerModelServe.forms`);
+a node asks for the form it loads (``ModelManifestRequest.form``; an unknown or unserved form gets
+the model as given), reports what it holds by that form's hash, and says hello with it: every
+served form's hash is the run's model.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from pathlib import Path
 
 import trio
@@ -48,10 +57,12 @@ HELLO_MODEL_NAME_KEY = "model"
 MAX_UNGREETED_HOLDERS = 16
 
 
-def hello_model_check(node_sha: str, node_model: str, run_sha: str, run_model: str) -> str:
+def hello_model_check(node_sha: str, node_model: str, run_sha: str, run_model: str,
+                      other_forms: Collection[str] = ()) -> str:
     """Why a node with model ``node_sha`` may not join a run of ``run_sha`` ("" = it may).
-    An empty ``run_sha`` disables the check."""
-    if not run_sha or node_sha == run_sha:
+    ``other_forms``: hashes of the run's model in the other forms it is served in (a GGUF made
+    from an HF directory). An empty ``run_sha`` disables the check."""
+    if not run_sha or node_sha == run_sha or (node_sha and node_sha in other_forms):
         return ""
     needs = f"this run needs {run_model} (sha256 {short(run_sha)})"
     if not node_sha:
@@ -63,7 +74,7 @@ def hello_model_check(node_sha: str, node_model: str, run_sha: str, run_model: s
 
 class LearnerModelServe:
     def __init__(self, host, manifest: ModelManifest, source: Path, server: ChunkServer | None = None,
-                 access: ReadAccess | None = None) -> None:
+                 access: ReadAccess | None = None, forms: dict[str, LearnerModelServe] | None = None) -> None:
         self.host = host
         #: Who may read the model and the holders' addresses (None: anyone, all reports greeted).
         self.access = access
@@ -81,6 +92,8 @@ class LearnerModelServe:
         #: Monotonic times of the first manifest request and of each node's completion report.
         self.first_request_at: float | None = None
         self.completed_at: dict[str, float] = {}
+        #: The run's model in other forms (form name, e.g. ``gguf`` -> its server; none has forms).
+        self.forms: dict[str, LearnerModelServe] = dict(forms or {})
         self._changed = trio.Event()
 
     @property
@@ -88,10 +101,20 @@ class LearnerModelServe:
         return self.manifest.content_sha256
 
     def register(self) -> None:
-        self.server.add(model_content_id(self.manifest), ModelCopy(self.manifest, source=self.source), self._count,
-                        allow=None if self.access is None else self.access.allows)
+        """Serve every form's chunks, and answer manifest requests and holder reports."""
+        for serve in (self, *self.forms.values()):
+            serve.server.add(model_content_id(serve.manifest), ModelCopy(serve.manifest, source=serve.source),
+                             serve._count, allow=None if serve.access is None else serve.access.allows)
         self.host.set_handler(MODEL_MANIFEST, ModelManifestRequest, self.on_manifest)
         self.host.set_handler(MODEL_HAVE, ModelHave, self.on_have)
+
+    def form_shas(self) -> list[str]:
+        """Hashes of the run's model in its other forms (for the hello check)."""
+        return [f.content_sha256 for f in self.forms.values()]
+
+    def _form_of(self, sha: str) -> LearnerModelServe | None:
+        """The form whose hash is ``sha`` (None: the model as given, or no form of this run)."""
+        return next((f for f in self.forms.values() if f.content_sha256 == sha), None)
 
     def _count(self, peer: str, n: int) -> None:
         self.served[peer] = self.served.get(peer, 0) + n
@@ -106,6 +129,9 @@ class LearnerModelServe:
         return [PeerRef(p, list(h.addrs)) for p, h in ranked[:MAX_HOLDERS]]
 
     async def on_manifest(self, msg: ModelManifestRequest, peer_id: str) -> ModelManifestReply:
+        form = self._form_of(msg.content_sha256) if msg.content_sha256 else self.forms.get(msg.form)
+        if form is not None:
+            return await form.on_manifest(msg, peer_id)
         if self.access is not None:
             self.access.show_token(peer_id, msg.token)
             refusal = self.access.refusal(peer_id)
@@ -126,6 +152,11 @@ class LearnerModelServe:
         return self.access.ticket(peer_id) if self.access is not None else None
 
     async def on_have(self, msg: ModelHave, peer_id: str) -> ModelHaveAck:
+        form = self._form_of(msg.content_sha256)
+        if form is not None:
+            ack = await form.on_have(msg, peer_id)
+            self._notify()
+            return ack
         if msg.content_sha256 != self.content_sha256:
             log.warning("model: %s reported another model %s", peer_id[-6:], short(msg.content_sha256))
             return ModelHaveAck(ok=False)
@@ -149,35 +180,59 @@ class LearnerModelServe:
             peers = ", ".join(f"{p[-6:]}: {b / 1e6:.1f} MB" for p, b in sorted(msg.from_peers.items()))
             log.info("model: %s holds %s%s", peer_id[-6:], self.manifest.name,
                      f" (fetched in {msg.fetch_s:.1f} s from {peers})" if msg.from_peers else "")
-        self._changed.set()
-        self._changed = trio.Event()
+        self._notify()
         return ModelHaveAck()
 
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def complete_holders(self) -> int:
+        """Nodes that hold the complete model, in any form."""
+        return sum(1 for serve in (self, *self.forms.values()) for h in serve.holders.values() if h.complete)
+
     async def wait_complete(self, peers: int, timeout_s: float) -> bool:
-        """Until ``peers`` nodes hold the complete model (bounded)."""
+        """Until ``peers`` nodes hold the complete model, in any form (bounded)."""
         with trio.move_on_after(timeout_s):
-            while sum(1 for h in self.holders.values() if h.complete) < peers:
+            while self.complete_holders() < peers:
                 await self._changed.wait()
             return True
         return False
 
     def summary(self) -> dict:
-        """Per-node fetch figures (for ``swarm.json``)."""
-        return {"content_sha256": self.content_sha256, "name": self.manifest.name,
-                "bytes": self.manifest.total_bytes, "served_by_learner": dict(self.served),
-                "holders": {p: {"complete": h.complete, "chunks": h.chunks, "fetch_s": h.fetch_s,
-                                "from_peers": dict(h.from_peers)} for p, h in self.holders.items()}}
+        """Per-node fetch figures (for ``swarm.json``), with each other form's under ``forms``."""
+        out = {"content_sha256": self.content_sha256, "name": self.manifest.name, "kind": self.manifest.kind,
+               "bytes": self.manifest.total_bytes, "served_by_learner": dict(self.served),
+               "holders": {p: {"complete": h.complete, "chunks": h.chunks, "fetch_s": h.fetch_s,
+                               "from_peers": dict(h.from_peers)} for p, h in self.holders.items()}}
+        if self.forms:
+            out["forms"] = {name: form.summary() for name, form in self.forms.items()}
+        return out
 
 
-async def start_model_serve(host, source: Path, name: str, cache_dir: Path | None = None,
-                            chunk_bytes: int = DEFAULT_CHUNK_BYTES, access: ReadAccess | None = None) -> LearnerModelServe:
-    """Describe, sign and serve the model at ``source`` (hashing runs in a thread; cached)."""
+async def _signed_manifest(host, source: Path, name: str, cache_dir: Path | None, chunk_bytes: int) -> ModelManifest:
+    """The manifest of the model at ``source``, signed with the host's key (hashing in a thread; cached)."""
     manifest = await trio.to_thread.run_sync(
         lambda: build_model_manifest(Path(source), name=name, signer=host.peer_id, chunk_bytes=chunk_bytes,
                                      cache_dir=cache_dir))
     sign_model_manifest(manifest, host.private_key())
-    serve = LearnerModelServe(host, manifest, Path(source), access=access)
+    return manifest
+
+
+async def start_model_serve(host, source: Path, name: str, cache_dir: Path | None = None,
+                            chunk_bytes: int = DEFAULT_CHUNK_BYTES, access: ReadAccess | None = None,
+                            gguf: Path | None = None) -> LearnerModelServe:
+    """Describe, sign and serve the model at ``source``; ``gguf``: the same model as a GGUF, served
+    as the ``gguf`` form beside an HF directory (see the module docstring)."""
+    server = chunk_server(host)
+    forms = {}
+    if gguf is not None and Path(gguf) != Path(source):
+        form = await _signed_manifest(host, Path(gguf), Path(gguf).name, cache_dir, chunk_bytes)
+        forms[form.kind] = LearnerModelServe(host, form, Path(gguf), server=server, access=access)
+    manifest = await _signed_manifest(host, Path(source), name, cache_dir, chunk_bytes)
+    serve = LearnerModelServe(host, manifest, Path(source), server=server, access=access, forms=forms)
     serve.register()
-    log.info("model: serving %s (sha256 %s, %.1f MB in %d chunks)", name, short(manifest.content_sha256),
-             manifest.total_bytes / 1e6, len(manifest.chunk_hashes))
+    for each in (serve, *forms.values()):
+        log.info("model: serving %s (%s, sha256 %s, %.1f MB in %d chunks)", each.manifest.name, each.manifest.kind,
+                 short(each.manifest.content_sha256), each.manifest.total_bytes / 1e6, len(each.manifest.chunk_hashes))
     return serve

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from common import model_cache
 from common.model_cache import (CACHE_ENV, CONVERSION_MARKER, add_rope_theta, cache_root, convert_gguf,
@@ -64,6 +65,24 @@ def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike 
     raise ModelNotFoundError(
         f"cannot resolve model {str(name_or_path)!r}: expected 'default', a .gguf file, an HF "
         "directory with config.json, or a Hugging Face Hub name (org/name)")
+
+
+def llamacpp_form(resolved: ResolvedModel, outtype: str = "f16", cache_dir: str | os.PathLike | None = None,
+                  say: Callable[[str], None] = print) -> Path | None:
+    """The GGUF llama.cpp nodes load: the model's own, or one made from its HF directory with
+    llama.cpp's converter (``node_agents.convert``; ``outtype``), once, into the cache. None when the
+    converter fails (``say`` tells why): such nodes then get the HF directory and convert it themselves."""
+    if resolved.gguf_path is not None:
+        return resolved.gguf_path
+    from node_agents.convert import ConversionError, hf_to_gguf
+    from node_agents.families import UnsupportedFamilyError
+
+    try:
+        return hf_to_gguf(resolved.hf_dir, None, outtype, cache_dir=cache_dir)
+    except (ConversionError, UnsupportedFamilyError, OSError) as e:
+        say(f"learner: no GGUF of {resolved.hf_dir} for llama.cpp nodes, which must convert it themselves "
+            f"(with torch and transformers): {e}")
+        return None
 
 
 def ensure_converted(gguf_path: Path, cache_dir: str | os.PathLike | None = None) -> Path:

@@ -320,7 +320,8 @@ class LearnerService:
                 log.warning("refused node %s: %s", short(peer_id), decision.reason)
                 return self._refusal(decision.reason, retry_after_s=decision.retry_after_s)
         reason = hello_model_check(msg.model_sha256, msg.extra.get(HELLO_MODEL_NAME_KEY, ""),
-                                   s.model_sha256, s.model_name)
+                                   s.model_sha256, s.model_name,
+                                   self.model_serve.form_shas() if self.model_serve is not None else ())
         if reason:
             log.warning("refused node %s: %s", short(peer_id), reason)
             return self._refusal(reason, model_sha256=s.model_sha256)

@@ -10,8 +10,9 @@ into ``<cache>/llama.cpp-convert/<version>/`` (``make install`` does this ahead 
 :func:`hf_to_gguf` runs it in a child process (``python -m node_agents.convert run ...``) with
 its own ``gguf-py`` first on the path, streams its progress, and caches the result keyed by
 the input's config, tokenizer files and weight files (name, size, mtime) and the output type. The
-converter needs torch, numpy, transformers and safetensors (project dependencies, run at the
-pinned versions) and its own ``gguf-py`` (used in place of the installed ``gguf`` package).
+converter needs torch, numpy, transformers and safetensors (the ``torch`` extra, run at the
+pinned versions) and its own ``gguf-py`` (used in place of the installed ``gguf`` package). The
+learner runs it; a llama.cpp node (the ``node`` extra: no torch) fetches the learner's GGUF instead.
 
 Unknown BPE pre-tokenizers. The converter identifies a BPE tokenizer's pre-tokenizer by hashing
 the ids it gives for a fixed test string; an unknown hash makes it stop ("BPE pre-tokenizer was
@@ -59,6 +60,17 @@ KNOWN_SPLITS = {
 
 class ConversionError(RuntimeError):
     """The converter could not be fetched or failed on a model."""
+
+
+#: Packages the converter imports beyond the node's own (the ``torch`` extra brings them).
+CONVERTER_NEEDS = ("torch", "transformers", "safetensors")
+
+
+def converter_missing() -> str:
+    """The converter's packages that are not installed here, comma-separated ("" = none missing)."""
+    import importlib.util
+
+    return ", ".join(p for p in CONVERTER_NEEDS if importlib.util.find_spec(p) is None)
 
 
 def llama_cpp_version() -> str:
@@ -168,6 +180,10 @@ def hf_to_gguf(hf_dir: str | os.PathLike, out_path: str | os.PathLike | None = N
     stamp = out.with_name(out.name + ".source.json")
     if out.is_file() and stamp.is_file() and json.loads(stamp.read_text()).get("key") == key:
         return out
+    missing = converter_missing()
+    if missing:
+        raise ConversionError(f"llama.cpp's converter needs {missing}, not installed here "
+                              "(pip install 'echo-swarm[torch]')")
     conv = converter_dir(cache_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

@@ -22,12 +22,14 @@ sent: the learner's replay needs only the model's turns.
 
 The HF tokenizer (chat template) comes from the model resolver's HF directory
 (``node_agents.models.resolve_for_backend(model, "torch")``: converted once from the GGUF and
-cached) and is loaded once, at the first multi-turn lease.
+cached) and is loaded once, at the first multi-turn lease. It needs transformers and torch (the
+``torch`` extra): a llama.cpp node without them stops at its first multi-turn lease, saying so.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import threading
@@ -41,6 +43,9 @@ from tasks.episode_tokens import episode_prompt, model_turn_text, special_ids
 from tasks.interface import env_turn_ids, is_env_task
 
 log = logging.getLogger("echo_swarm.node")
+
+#: What loading the HF tokenizer of a GGUF takes (``common.model_cache`` dequantises it with both).
+TOKENIZER_NEEDS = ("transformers", "torch")
 
 
 class EpisodeError(ValueError):
@@ -136,6 +141,10 @@ class EpisodeRunner:
     def tokenizer(self) -> Any:
         with self._lock:
             if self._tokenizer is None:
+                missing = [p for p in TOKENIZER_NEEDS if importlib.util.find_spec(p) is None]
+                if missing:  # a llama.cpp node from the `node` extra
+                    raise TaskUnavailable(f"multi-turn tasks need the model's HF tokenizer on the node, which needs "
+                                          f"{' and '.join(missing)}: pip install 'echo-swarm[torch]'")
                 from transformers import AutoTokenizer
 
                 from node_agents.models import resolve_for_backend

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 PREFERRED = {"cuda": "torch", "apple": "mlx", "cpu": "llamacpp"}
 #: The package each backend needs, by import name.
 BACKEND_PACKAGES = {"torch": "torch", "mlx": "mlx_lm", "llamacpp": "llama_cpp"}
+#: The package extra (``pyproject.toml``) that installs each backend.
+BACKEND_EXTRAS = {"torch": "torch", "mlx": "mlx", "llamacpp": "node"}
 
 
 @dataclass(frozen=True)
@@ -69,13 +71,19 @@ def classify(system: str, machine: str, cuda_devices: int) -> str:
 
 def choose_backend(requested: str, kind: str, installed: set[str]) -> str:
     """The backend to run: ``requested`` unless it is ``auto``; ``auto`` takes the machine's
-    preferred backend (:data:`PREFERRED`) when its package is installed, else llama.cpp."""
+    preferred backend (:data:`PREFERRED`) when its package is installed, else llama.cpp. Raises
+    ImportError naming the package extra when the chosen backend's package is not installed."""
     if requested != "auto":
         if requested not in BACKEND_PACKAGES:
             raise ValueError(f"unknown backend {requested!r}; choose auto, {', '.join(BACKEND_PACKAGES)}")
-        return requested
-    preferred = PREFERRED.get(kind, "llamacpp")
-    return preferred if preferred in installed else "llamacpp"
+        chosen = requested
+    else:
+        preferred = PREFERRED.get(kind, "llamacpp")
+        chosen = preferred if preferred in installed else "llamacpp"
+    if chosen not in installed:
+        raise ImportError(f"backend {chosen} needs {BACKEND_PACKAGES[chosen]}, which is not installed here: "
+                          f"pip install 'echo-swarm[{BACKEND_EXTRAS[chosen]}]'")
+    return chosen
 
 
 def installed_backends() -> set[str]:

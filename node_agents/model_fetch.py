@@ -3,7 +3,9 @@
 ``prepare_model`` runs before the backend is loaded:
 
 1. ask the learner for the run's signed model manifest (``MODEL_MANIFEST``) and the peers
-   that hold the model, and verify the signature against the learner's peer id;
+   that hold the model, and verify the signature against the learner's peer id; a llama.cpp
+   node asks for the GGUF form (the learner serves one beside an HF directory: ``learner.model_serve``),
+   so it never converts, and needs no torch or transformers;
 2. without ``--model`` (the run's model): use the cached copy under
    ``<cache>/models/<content sha256>/`` if complete, else fetch it there chunk by chunk from
    the learner and the holders at once (the chunk layer's puller, ``swarm.content.fetch``),
@@ -17,7 +19,8 @@
    then also decides who may read; :func:`refresh_ticket` renews it),
    and report itself as a holder (``MODEL_HAVE``);
 4. put the model into the backend's format once: llama.cpp gets the GGUF (re-quantised with
-   ``--quant`` and cached), or a GGUF converted from an HF directory (``node_agents.convert``);
+   ``--quant`` and cached), or, from a learner that serves only an HF directory (or a local
+   ``--model DIR``), a GGUF converted from it (``node_agents.convert``: needs torch and transformers);
    torch and MLX get their converted copies through ``node_agents.models`` (cached).
 """
 
@@ -106,12 +109,18 @@ class ProgressBar:
 
 
 # ---------------------------------------------------------------------- learner requests
-async def run_manifest(host, learner_peer: str, token: str = "") -> tuple[ModelManifest, list]:
-    """The learner's signed model manifest and holders; ``token``: the node's join token (a
-    private run serves its model only to admitted peers). A private run's reply also carries the
-    node's membership ticket: kept as the host's own (``swarm.membership``)."""
-    reply = await host.request(learner_peer, MODEL_MANIFEST, ModelManifestRequest(token=token), ModelManifestReply,
-                               timeout=CONTROL_TIMEOUT_S)
+def wanted_form(backend: str) -> str:
+    """The model form a backend loads, asked of the learner (``""``: the model as the run gives it)."""
+    return "gguf" if backend == "llamacpp" else ""
+
+
+async def run_manifest(host, learner_peer: str, token: str = "", form: str = "") -> tuple[ModelManifest, list]:
+    """The learner's signed model manifest and holders, of the model in ``form`` when the learner
+    serves it so (:func:`wanted_form`); ``token``: the node's join token (a private run serves its
+    model only to admitted peers). A private run's reply also carries the node's membership
+    ticket: kept as the host's own (``swarm.membership``)."""
+    reply = await host.request(learner_peer, MODEL_MANIFEST, ModelManifestRequest(token=token, form=form),
+                               ModelManifestReply, timeout=CONTROL_TIMEOUT_S)
     if reply.manifest is None:
         raise ModelError(f"the learner serves no model manifest: {reply.reason or 'no reason given'}")
     try:
@@ -177,7 +186,8 @@ async def prepare_model(host, learner_peer: str, cfg, server: ChunkServer | None
     server = server if server is not None else chunk_server(host)
     try:
         token = getattr(cfg, "join_token", "") or ""
-        manifest, holders = await run_manifest(host, learner_peer, token)
+        form = wanted_form(cfg.backend)
+        manifest, holders = await run_manifest(host, learner_peer, token, form)
     except PeerUnreachable as e:
         if "does not serve" not in str(e):
             raise
@@ -210,7 +220,7 @@ async def prepare_model(host, learner_peer: str, cfg, server: ChunkServer | None
                   f"from the learner and {len(holders)} holder(s)", file=sys.stderr, flush=True)
 
             async def holder_refs():
-                return (await run_manifest(host, learner_peer, token))[1]
+                return (await run_manifest(host, learner_peer, token, form))[1]
 
             async def report(f: Puller):
                 await report_have(host, learner_peer, copy, f)
@@ -233,8 +243,9 @@ async def prepare_model(host, learner_peer: str, cfg, server: ChunkServer | None
             server.add(model_content_id(manifest), copy, allow=membership_of(host).allows)
             await _report(host, learner_peer, copy, None)
         else:
-            log.warning("local model %s (sha256 %s) is not the run's %s (sha256 %s)", name, short(sha),
-                        manifest.name, short(run_sha))
+            log.warning("local model %s (sha256 %s) is not the run's %s (sha256 %s); the learner decides at hello "
+                        "(it also accepts its model in another form it serves)", name, short(sha), manifest.name,
+                        short(run_sha))
     path = await trio.to_thread.run_sync(lambda: for_backend(source, sha, cfg.backend, cfg.quant, cache_dir))
     return PreparedModel(path, source, sha, name)
 
@@ -266,11 +277,13 @@ def for_backend(source: Path, sha: str, backend: str, quant: str = "keep", cache
         return source
     out_dir = models_root(cache_dir) / sha
     if source.is_dir():
-        try:
-            from node_agents.convert import hf_to_gguf
-        except ImportError as e:
-            raise ModelError(f"the run's model is an HF directory and this node runs llama.cpp, but the HF->GGUF "
-                             f"converter is not available ({e}); use --backend torch or mlx") from e
+        from node_agents.convert import converter_missing, hf_to_gguf
+
+        missing = converter_missing()
+        if missing:
+            raise ModelError(f"the model is an HF directory and this node runs llama.cpp, but converting it to GGUF "
+                             f"needs {missing} (pip install 'echo-swarm[torch]'); a learner of this version serves "
+                             f"its model as a GGUF too, so join without --model to fetch that")
         outtype = "f16" if quant in ("keep", "q4_1") else quant
         gguf = out_dir / f"gguf-{outtype}.gguf"
         if not gguf.is_file():

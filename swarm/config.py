@@ -4,7 +4,9 @@ Every config section is a dataclass whose fields carry a ``#:`` comment explaini
 ``load_config(cls, path, overrides)`` reads a TOML file (unknown keys are an error, so a
 typo never passes silently), applies ``section.key=value`` overrides parsed as TOML
 values (``train.steps=20``, ``model.name="/path/model.gguf"``) and calls the config's
-``validate()`` when it has one.
+``validate()`` when it has one. A config path that does not exist as given but names one of the
+example configs installed with the package (``configs/arith.toml``, or just ``arith.toml``) is
+read from there (:func:`installed_config`).
 
 CLI shortcut flags (``--device DEV`` for ``--set train.device=DEV``) are declared once as
 :class:`Shortcut` rows naming a field; :func:`add_shortcuts` derives each flag's type, choices
@@ -19,6 +21,7 @@ import dataclasses
 import functools
 import inspect
 import re
+import sysconfig
 import tomllib
 import types
 import typing
@@ -99,9 +102,26 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+#: Where the wheel installs the example configs (``pyproject.toml``'s data-files), under the prefix.
+INSTALLED_CONFIGS = ("share", "echo-swarm", "configs")
+
+
+def installed_config(path: Path | str) -> Path:
+    """``path`` when it exists; else, when it is a bare file name or ``configs/NAME``, the copy of
+    that example config installed with the package (``<prefix>/share/echo-swarm/configs/NAME``)
+    if there is one; else ``path`` unchanged (the caller reports it missing)."""
+    path = Path(path)
+    bare = len(path.parts) == 1 or (len(path.parts) == 2 and path.parts[0] == "configs")
+    if path.exists() or path.is_absolute() or not bare:
+        return path
+    installed = Path(sysconfig.get_path("data")).joinpath(*INSTALLED_CONFIGS, path.name)
+    return installed if installed.is_file() else path
+
+
 def load_config(cls: type[C], path: Path | None = None, overrides: list[str] | None = None) -> C:
     data: dict[str, Any] = {}
     if path is not None:
+        path = installed_config(path)
         try:
             data = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:

@@ -59,6 +59,8 @@ VF_PREFIX = "vf:"
 """``task.name`` prefix of verifiers environments (:mod:`tasks.vf_env`)."""
 
 REQUIRED_METHODS = ("problem", "render_prompt", "reward")
+#: Methods of ``tasks.interface``'s protocols that a guarded task passes through unchanged.
+PROTOCOL_METHODS = ("problem", "messages", "render_prompt", "make_env", "first_turns")
 """What every task object must offer (:class:`tasks.interface.SingleTurnTask`)."""
 
 _PATH = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", re.ASCII)
@@ -240,6 +242,12 @@ class GuardedTask:
     def __init__(self, inner: Any, label: str) -> None:
         self._inner = inner
         self._label = label
+        # the interface's methods the plugin has, as this object's own attributes: from Python 3.12
+        # isinstance() against a runtime-checkable Protocol looks attributes up statically and no
+        # longer sees those that __getattr__ hands out
+        for method in PROTOCOL_METHODS:
+            if callable(getattr(inner, method, None)):
+                setattr(self, method, getattr(inner, method))
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self._inner, item)

@@ -63,6 +63,9 @@ class ModelManifestRequest(Message):
     #: The node's join token, for a private run's learner (``swarm-node join --token``); a
     #: learner of another kind ignores it.
     token: str = bounded_default("", max_items=1024)
+    #: The form the node loads (a manifest ``kind``: ``gguf`` for llama.cpp); empty, or a form the
+    #: learner does not serve: the model as the run gives it. Ignored when ``content_sha256`` is set.
+    form: str = bounded_default("", max_items=16)
 
 
 @dataclass

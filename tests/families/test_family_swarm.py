@@ -1,10 +1,10 @@
 """A tiny random Qwen3 (an HF directory) trained by the learner with one ``swarm-node`` process per
-backend over real libp2p on 127.0.0.1: each node converts the directory for its backend itself
-(llama.cpp's converter to GGUF, mlx-lm), every step trains on rollouts of all three, and the
-behaviour log-probs they report agree with the learner's fp32 recomputation
-(``train.behaviour_check``). About a minute on an idle two-core machine, several when it is
-busy, hence ``slow`` (``make test-slow``); ``docs/benchmarks.md`` reports the same run through
-``swarm-learner demo``."""
+backend over real libp2p on 127.0.0.1: the llama.cpp node fetches the GGUF the learner makes of
+the directory (llama.cpp's converter), the MLX node converts it itself (mlx-lm), every step
+trains on rollouts of all three, and the behaviour log-probs they report agree with the learner's
+fp32 recomputation (``train.behaviour_check``). About a minute on an idle two-core machine,
+several when it is busy, hence ``slow`` (``make test-slow``); ``docs/benchmarks.md`` reports the
+same run through ``swarm-learner demo``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from swarm.config import load_config
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 BACKENDS = ("llamacpp", "torch", "mlx")
-#: Most mean |behaviour - learner| log-prob per token: llama.cpp runs the F16 GGUF a node makes
+#: Most mean |behaviour - learner| log-prob per token: llama.cpp runs the F16 GGUF the learner makes
 #: of an HF directory by default (``--quant keep``; measured 2e-3 to 3e-3); torch and MLX run
 #: fp32 (measured below 2e-6).
 MAX_DIFF = {"llamacpp": 0.02, "torch": 1e-4, "mlx": 1e-4}

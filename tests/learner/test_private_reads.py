@@ -89,8 +89,12 @@ def test_a_private_run_issues_tickets_to_admitted_peers_only(tmp_path):
     assert ReadAccess(open_run, lambda p: True, issuer=issuer).ticket("listed") is None  # open: none issued
     assert ReadAccess(private(), lambda p: True).ticket("x") is None  # no issuer (harnesses)
 
-    class Serve:  # the model server's part in the hello: ticket_for
+    class Serve:  # the model server's part in the hello: ticket_for, and its other forms' hashes
         ticket_for = access.ticket
+
+        @staticmethod
+        def form_shas() -> list[str]:
+            return []
 
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="run-1",

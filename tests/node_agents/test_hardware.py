@@ -25,6 +25,10 @@ def test_choose_backend_auto_and_fallback():
     assert choose_backend("auto", "cpu", ALL) == "llamacpp"
     assert choose_backend("auto", "apple", {"llamacpp"}) == "llamacpp"  # mlx-lm not installed
     assert choose_backend("torch", "cpu", ALL) == "torch"  # an explicit choice is kept
+    with pytest.raises(ImportError, match=r"echo-swarm\[torch\]"):  # a node-only install
+        choose_backend("torch", "cpu", {"llamacpp"})
+    with pytest.raises(ImportError, match=r"llama_cpp.*echo-swarm\[node\]"):  # the base install alone
+        choose_backend("auto", "cpu", set())
     with pytest.raises(ValueError, match="unknown backend"):
         choose_backend("vllm", "cuda", ALL)
 
