@@ -34,6 +34,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "holepunch": ("bench.holepunch", "hole punching across emulated NAT routers: success and time to a direct connection per NAT kind"),
     "decode": ("bench.decode_bench", "frame decoder cost per byte on realistic messages, and what amplification frames cost"),
     "math-verify": ("bench.math_agreement", "the math task's math-verify check against the old integer check: agreement, disagreements"),
+    "precision": ("bench.precision_bench", "the learner's training step per precision (fp32, autocast, bf16) side by side, ISA forced lower too; what auto chose"),
+    "polite": ("bench.polite_bench", "a foreground job alone and beside a node (default threads vs all cores); the node's own tokens/s"),
     "rg-tasks": ("bench.rg_tasks", "reasoning-gym datasets as rg: tasks: end to end, and the base model's reward on each"),
 }
 

@@ -34,9 +34,10 @@ FINAL_ADAPTER = "adapter"
 EQUAL_ADAPTER = "adapter-equal"
 
 
-def grpo_settings(cfg, out_dir: Path, *, max_steps: int) -> dict[str, Any]:
+def grpo_settings(cfg, out_dir: Path, *, max_steps: int, bf16: bool | None = None) -> dict[str, Any]:
     """``GRPOConfig`` keyword arguments from a learner config (pure; ``max_steps`` in learner
-    steps, i.e. generation batches)."""
+    steps, i.e. generation batches). ``bf16``: autocast as the learner resolved ``train.precision``
+    on this machine (:func:`learner.placement.resolve_precision`); None: on unless ``fp32``."""
     from tasks.base import ENABLE_THINKING
 
     t = cfg.train
@@ -47,7 +48,7 @@ def grpo_settings(cfg, out_dir: Path, *, max_steps: int) -> dict[str, Any]:
     if max_steps < 1:
         raise ValueError("max_steps must be >= 1")
     return dict(
-        output_dir=str(out_dir), use_cpu=True, bf16=t.precision != "fp32", seed=int(t.seed),
+        output_dir=str(out_dir), use_cpu=True, bf16=t.precision != "fp32" if bf16 is None else bf16, seed=int(t.seed),
         # the learner's step: one generation batch, then `minibatches` AdamW updates of whole groups
         per_device_train_batch_size=batch // t.minibatches, gradient_accumulation_steps=1,
         steps_per_generation=t.minibatches, max_steps=max_steps * t.minibatches, num_iterations=1,
@@ -164,23 +165,26 @@ def run_trl(cfg, hf_dir: Path, out: Path, *, max_steps: int, threads: int = 0, e
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
     lora = LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=0.0,
                       target_modules=list(cfg.lora.target_modules), bias="none", task_type="CAUSAL_LM")
+    from learner.placement import resolve_precision
+
+    _dtype, bf16, why = resolve_precision(t.precision, "cpu")  # as the learner would on this machine
     rewards: list[float] = []
     metrics = MetricsWriter(out)
     clock = _clock_callback(out, metrics, rewards, updates_per_step=t.minibatches, max_steps=max_steps,
                             equal_wall_s=equal_wall_s, max_wall_s=max_wall_s, console=console)
     trainer = GRPOTrainer(
         model=model, processing_class=tokenizer, reward_funcs=[make_reward(task, tokenizer, rewards)],
-        args=GRPOConfig(**grpo_settings(cfg, out / "trl", max_steps=max_steps)),
+        args=GRPOConfig(**grpo_settings(cfg, out / "trl", max_steps=max_steps, bf16=bf16)),
         train_dataset=Dataset.from_list(prompt_rows(task, max_steps * t.prompts_per_step)),
         peft_config=lora, callbacks=[clock])
-    console(f"trl: GRPOTrainer + LoRA r={cfg.lora.rank}, {threads} threads, up to {max_steps} steps"
+    console(f"trl: GRPOTrainer + LoRA r={cfg.lora.rank}, {threads} threads, {why}, up to {max_steps} steps"
             + (f", capped at {max_wall_s:.0f}s" if max_wall_s else "") + f"; out {out}")
     trainer.train()
     trainer.model.save_pretrained(str(out / FINAL_ADAPTER))
     summary = {"steps": len(metrics.rows), "wall_s": metrics.rows[-1]["wall_s"] if metrics.rows else 0.0,
                "samples": sum(r["samples"] for r in metrics.rows), "capped": clock.capped, "threads": threads,
                "max_wall_s": max_wall_s, "equal_wall_s": equal_wall_s,
-               "settings": {k: v for k, v in grpo_settings(cfg, out / "trl", max_steps=max_steps).items()
+               "settings": {k: v for k, v in grpo_settings(cfg, out / "trl", max_steps=max_steps, bf16=bf16).items()
                             if k != "output_dir"}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary

@@ -149,7 +149,8 @@ class TrainConfig:
     #: Torch device of the learner: ``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda``
     #: (with several ranks: each rank's own GPU) or ``cuda:N``.
     device: str = "auto"
-    #: ``auto`` (bf16 on CUDA, autocast on CPU), ``bf16`` (bfloat16 base weights, bf16
+    #: ``auto`` (measured on the machine: bf16 on CUDA with native bf16, autocast on a CPU where a
+    #: start-up probe found bf16 faster, else fp32), ``bf16`` (bfloat16 base weights, bf16
     #: autocast), ``autocast`` (float32 master base weights, bf16 autocast) or ``fp32``; the LoRA
     #: parameters and their optimizer state are float32 in every case (``learner/placement.py``).
     precision: Precision = "auto"

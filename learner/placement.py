@@ -4,34 +4,54 @@ precision setting, gradient checkpointing and FSDP sharding of the frozen base.
 Precision (``train.precision``):
 
 - ``bf16``: base weights stored in bfloat16 (half the memory), forward under bf16 autocast;
-  the LoRA parameters and their AdamW state stay float32. The default on CUDA (``auto``) where
-  the GPU computes in bfloat16 (``fp32`` on one that does not).
-- ``autocast``: float32 master base weights, forward under bf16 autocast. The default on CPU
-  (``auto``), where it is 1.5-2.4x faster than fp32 and bf16 storage brings nothing.
+  the LoRA parameters and their AdamW state stay float32. Refused on a GPU without bf16.
+- ``autocast``: float32 master base weights, forward under bf16 autocast.
 - ``fp32``: float32 everywhere, no autocast (the numerical reference).
+- ``auto`` (the default): measured on the machine it runs on
+  (:func:`common.precision_probe.auto_train_precision`, decided by
+  :func:`common.choosers.choose_train_precision`): ``bf16`` on a CUDA device with native bf16
+  (``fp32`` on an older one); on the CPU ``autocast`` only where the CPU computes bf16 natively
+  and a start-up probe (cached per machine) measured it faster than fp32, else ``fp32``. On an
+  AVX2-only CPU bf16 autocast is about 15-20x slower than fp32; with ``avx512_bf16`` a training
+  step is faster under autocast (``swarm-bench precision`` measures both on a machine).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 from learner.config import PRECISIONS
 
+#: ``train.precision`` -> (base weight dtype name, bf16 autocast on).
+NUMERICS = {"bf16": ("bfloat16", True), "autocast": ("float32", True), "fp32": ("float32", False)}
 
-def resolve_precision(precision: str, device: str, cuda_bf16: bool = True) -> tuple[str, bool]:
-    """``train.precision`` -> (base weight dtype name, bf16 autocast on). ``cuda_bf16``: whether
-    the CUDA device computes in bfloat16 (``torch.cuda.is_bf16_supported()``; before Ampere it
-    does not, and torch refuses bf16 autocast there): ``auto`` then means ``fp32``."""
+
+def _auto(device: str) -> tuple[str, str]:
+    from common.precision_probe import auto_train_precision  # torch; a probe on first use per machine
+
+    choice = auto_train_precision(device)
+    return choice.value, choice.reason
+
+
+def resolve_precision(precision: str, device: str, auto: Callable[[str], tuple[str, str]] | None = None,
+                      cuda_bf16: bool = True) -> tuple[str, bool, str]:
+    """``train.precision`` -> (base weight dtype name, bf16 autocast on, why). ``auto`` decides
+    ``"auto"`` for a device (default: measured on this machine, see the module docstring) and
+    returns (precision, why). ``cuda_bf16``: whether the CUDA device computes in bfloat16
+    (``torch.cuda.is_bf16_supported()``; before Ampere it does not, and torch refuses bf16
+    autocast there): an explicit ``bf16`` or ``autocast`` is then refused."""
     p = (precision or "auto").lower()
     if p not in PRECISIONS:
         raise ValueError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     cuda = device.startswith("cuda")
     if p == "auto":
-        p = ("bf16" if cuda_bf16 else "fp32") if cuda else "autocast"
+        p, why = (auto or _auto)(device)
+    else:
+        why = f"device {device}: {p} (train.precision)"
     if cuda and not cuda_bf16 and p != "fp32":
         raise ValueError(f"train.precision={p} needs bfloat16, which this GPU does not support; use fp32 or auto")
-    return {"bf16": ("bfloat16", True), "autocast": ("float32", True), "fp32": ("float32", False)}[p]
+    return (*NUMERICS[p], why)
 
 
 def free_memory_bytes(device: Any) -> int:

@@ -11,10 +11,10 @@ whole batch, so accumulation equals one big pass) -> grad-norm clip -> AdamW ste
 
 Numerics (``base_dtype`` / ``bf16_autocast``, resolved from ``train.precision``, see
 :mod:`learner.placement`): the LoRA weights and their AdamW state are always float32; the base is
-float32 master weights (CPU default) or bfloat16 (CUDA default); the forward pass runs under
-``torch.autocast("cpu"|"cuda", dtype=bfloat16)`` (measured 1.5-2.4x faster than fp32 on 2-core
-CPUs); the logits are upcast to float32 and divided by the sampling temperature before the
-log-softmax, so log-probs are comparable with the nodes' behaviour log-probs.
+float32 master weights (CPU) or bfloat16 (CUDA default); the forward pass runs under
+``torch.autocast("cpu"|"cuda", dtype=bfloat16)`` where a machine computes bf16 faster (``auto``
+measures it; an AVX2-only CPU stays fp32); the logits are upcast to float32 and divided by the
+sampling temperature before the log-softmax, so log-probs are comparable with the nodes' behaviour log-probs.
 The language-model head is applied only at the completion positions (hidden states are
 gathered first), which saves its vocabulary-sized matmul on the prompt tokens.
 
@@ -80,9 +80,10 @@ class Trainer:
         if t.torch_threads:
             torch.set_num_threads(int(t.torch_threads))
         self.device = torch.device(resolve_device(t.device, dist.local_rank if dist is not None else 0))
-        #: storage dtype of the frozen base (``float32`` or ``bfloat16``) and bf16 autocast of the forward
+        #: base storage dtype (``float32``/``bfloat16``), bf16 autocast, why (``auto``: measured here)
         cuda_bf16 = self.device.type != "cuda" or torch.cuda.is_bf16_supported()
-        self.base_dtype, self.bf16_autocast = placement.resolve_precision(t.precision, str(self.device), cuda_bf16)
+        self.base_dtype, self.bf16_autocast, self.precision_reason = placement.resolve_precision(
+            t.precision, str(self.device), cuda_bf16=cuda_bf16)
         self.seed, self.step = int(t.seed), 0
         _seed_everything(self.seed)
 
@@ -203,12 +204,13 @@ class Trainer:
                                 attention_scores=self.device.type != "cuda", reserve=self.train.memory_reserve)
 
     def describe(self) -> str:
-        """One line for the start of a run: device, dtypes, memory, ranks."""
+        """One line for the start of a run: device and the precision chosen (and why), dtypes,
+        memory, ranks."""
         gib = placement.free_memory_bytes(self.device) / 2**30
         mb = self.train.micro_batch or "auto"
         ranks = f", rank {self.dist.rank}/{self.dist.world} ({self.dist.backend}{', fsdp' if self.ranks.fsdp else ''})" \
             if self.dist is not None else ""
-        return (f"device {self.device}, base {self.base_dtype}, LoRA float32, "
+        return (f"{self.precision_reason}; base {self.base_dtype}, LoRA float32, "
                 f"autocast {'bf16' if self.bf16_autocast else 'off'}, grad checkpointing "
                 f"{'on' if self.train.grad_checkpointing else 'off'}, micro-batch {mb}, free memory {gib:.1f} GiB{ranks}")
 

@@ -6,7 +6,8 @@ temperature) over prompt + completion and gets, at each model token t, the recom
 ``lp_t`` of the token, the policy's entropy ``H_t`` and the variance ``V_t`` of the surprisal
 ``-log p`` under the policy. The pass is the trainer's own (:meth:`learner.trainer.Trainer.token_stats`):
 the group's prompt once with its KV cache repeated over the completions, the training precision
-(``verify.precision``; bf16 autocast by default), all three figures from the same logits; the
+(``verify.precision``; the trainer's by default: bf16 autocast where ``train.precision = auto`` measured
+it faster, else fp32), all three figures from the same logits; the
 groups waiting for a check are scored together (:meth:`Verifier.score_groups`), with
 ``verify.torch_threads`` threads (1: the checks run while the learner waits for rollouts, beside
 the nodes on a shared machine). Its log-probs stay with the trainer until its next optimizer step,
@@ -90,8 +91,8 @@ class VerifyConfig:
     #: Excess surprisal (nats per token, either sign) tolerated before the z test counts: the
     #: shift of honest quantised nodes, which sample from a slightly different distribution.
     surprisal_slack: float = 0.2
-    #: Precision of the re-scoring pass: ``train`` (the trainer's own: bf16 autocast unless
-    #: ``train.precision = "fp32"``; the thresholds above are calibrated for it) or ``fp32``.
+    #: Precision of the re-scoring pass: ``train`` (the trainer's own, as ``train.precision``
+    #: resolved: bf16 autocast or fp32; the thresholds above are calibrated for both) or ``fp32``.
     precision: Literal["train", "fp32"] = "train"
     #: Torch threads while re-scoring (0 = the trainer's). The checks run while the learner waits
     #: for rollouts, beside the nodes when they share the machine: 1 takes one core's compute and
@@ -288,7 +289,7 @@ class Verifier:
     def _score(self, prompt_ids: list[int], completions: list[list[int]]) -> list[Scored]:
         """The trainer's own pass over one group (:meth:`learner.trainer.Trainer.token_stats`): the
         prompt once with its KV cache repeated over the completions, the training precision
-        (``verify.precision = "train"``: bf16 autocast by default) or float32, and log-prob,
+        (``verify.precision = "train"``: as ``train.precision`` resolved) or float32, and log-prob,
         entropy and surprisal variance from the same logits."""
         autocast = False if getattr(self.cfg, "precision", "train") == "fp32" else None
         stats = self.trainer.token_stats(prompt_ids, completions, self.temperature, autocast=autocast)

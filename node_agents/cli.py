@@ -143,6 +143,7 @@ def join(cfg) -> int:
     except (FileNotFoundError, ValueError, ImportError) as e:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 2
+    print(f"swarm-node: {polite_threads(cfg)}", flush=True)
     cfg.threads = cap_threads(cfg.threads, cfg.max_threads, os.cpu_count() or 1)
     record = NodeRecord(cfg.data_dir)
 
@@ -228,6 +229,24 @@ async def _until_stopped(main) -> None:
         nursery.cancel_scope.cancel()
 
 
+def polite_threads(cfg) -> str:
+    """Settle ``cfg.threads`` (0: :func:`common.choosers.choose_node_threads` over this machine's
+    physical cores) and let idle worker threads sleep (``OMP_WAIT_POLICY=PASSIVE`` unless the
+    user set it), before torch or llama.cpp loads; returns the line saying so."""
+    import os
+
+    from common.choosers import choose_node_threads
+    from common.machine import machine_facts, set_passive_wait
+
+    facts = machine_facts()
+    choice = choose_node_threads(facts.physical_cores, cfg.threads)
+    cfg.threads = choice.value
+    set_passive_wait()
+    wait = os.environ.get("OMP_WAIT_POLICY", "")
+    return (f"{choice.reason}, of {facts.logical_cores} CPUs here; "
+            f"OMP_WAIT_POLICY={wait} ({'waiting threads sleep' if wait.upper() == 'PASSIVE' else 'yours'})")
+
+
 def _single(group: BaseExceptionGroup) -> BaseException | None:
     """The one exception inside nested single-member groups (None if there are several)."""
     exc: BaseException = group
@@ -294,10 +313,11 @@ def _stage_join(cfg, model, hw):
     if cfg.backend == "torch":
         import torch
 
+        from common.precision_probe import cuda_bf16_native
         from node_agents.backends.torch_backend import pick_device_dtype
 
         cuda = torch.cuda.is_available()
-        device, dtype = pick_device_dtype(cuda, bool(cuda and torch.cuda.is_bf16_supported()),
+        device, dtype = pick_device_dtype(cuda, cuda and cuda_bf16_native(cfg.device or "cuda"),
                                           cfg.device or None, cfg.dtype or None)
         memory = hw.gpu_memory_bytes if device.startswith("cuda") else hw.ram_bytes
     else:

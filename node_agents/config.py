@@ -59,7 +59,8 @@ class NodeConfig:
     #: Upload bandwidth in Mbit/s told to the learner (faster nodes sit nearer the broadcast
     #: tree's root); 0 = unknown.
     upload_mbps: float = 0.0
-    #: CPU threads for generation (0 = all cores).
+    #: CPU threads for generation; 0 = the physical cores this process may use, less one, at least
+    #: one (``common.choosers.choose_node_threads``), so the machine's owner keeps a core.
     threads: int = 0
     #: Most CPU threads generation may use, whatever ``threads`` chose (0 = no cap).
     max_threads: int = 0

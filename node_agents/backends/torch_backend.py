@@ -1,7 +1,8 @@
 """torch generation backend: CUDA when available, else CPU; transformers model + peft LoRA.
 
-Device and dtype (:func:`pick_device_dtype`, pure): CUDA runs bf16 when the GPU supports it,
-else fp16; CPU runs fp32. ``device``/``dtype`` override the choice. The CUDA path was written
+Device and dtype (:func:`pick_device_dtype`, pure, deciding with
+:func:`common.choosers.choose_node_dtype`): CUDA runs bf16 when the GPU computes it natively
+(compute capability 8.0+; emulated bf16 does not count), else fp16; CPU runs fp32. ``device``/``dtype`` override the choice. The CUDA path was written
 against the torch/transformers APIs but has not been run on a GPU in this project's CI.
 
 A GRPO group of ``n`` completions of one prompt is one batch with a KV cache:
@@ -39,12 +40,13 @@ from node_agents.backends.sampling import chunk_state, record_step, sample_rows
 
 def pick_device_dtype(cuda_available: bool, bf16_supported: bool, device: str | None = None,
                       dtype: str | None = None) -> tuple[str, str]:
-    """``(device, dtype)``: CUDA -> bf16 (fp16 when bf16 is unsupported), CPU -> fp32."""
+    """``(device, dtype)``: CUDA -> bf16 (fp16 without native bf16), CPU -> fp32."""
+    from common.choosers import choose_node_dtype
+
     dev = device or ("cuda" if cuda_available else "cpu")
     if dev.startswith("cuda") and not cuda_available:
         raise ValueError("device cuda requested but torch sees no CUDA GPU")
-    if dtype is None:
-        dtype = ("bfloat16" if bf16_supported else "float16") if dev.startswith("cuda") else "float32"
+    dtype = choose_node_dtype(dev, bf16_supported, dtype).value
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"unsupported dtype {dtype!r} (float32, bfloat16 or float16)")
     return dev, dtype
@@ -79,9 +81,10 @@ class TorchBackend:
         self.model_dir = Path(model_dir)
         if threads:
             torch.set_num_threads(int(threads))
+        from common.precision_probe import cuda_bf16_native
+
         cuda = torch.cuda.is_available()
-        bf16 = bool(cuda and torch.cuda.is_bf16_supported())
-        self.device, self.dtype = pick_device_dtype(cuda, bf16, device, dtype)
+        self.device, self.dtype = pick_device_dtype(cuda, cuda and cuda_bf16_native(device or "cuda"), device, dtype)
         self.n_ctx = int(n_ctx)
         self.max_group = int(max_group)
         base = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=getattr(torch, self.dtype))

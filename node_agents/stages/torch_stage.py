@@ -84,8 +84,10 @@ class TorchStage:
             raise ValueError(f"layer range [{start}, {end}) is not inside [0, {self.n_layers})")
         self.start, self.end = int(start), int(end)
         self.first, self.last = self.start == 0, self.end == self.n_layers
+        from common.precision_probe import cuda_bf16_native
+
         cuda = torch.cuda.is_available()
-        self.device, self.dtype = pick_device_dtype(cuda, bool(cuda and torch.cuda.is_bf16_supported()), device, dtype)
+        self.device, self.dtype = pick_device_dtype(cuda, cuda and cuda_bf16_native(device or "cuda"), device, dtype)
         self.max_batch = int(max_batch)
         tdtype = getattr(torch, self.dtype)
         with torch.device("meta"):

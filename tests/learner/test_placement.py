@@ -6,30 +6,52 @@ import pytest
 import torch
 
 from learner.models import ResolvedModel
+from common.choosers import choose_train_precision
 from learner.placement import resolve_precision
 from learner.config import LoraSettings, TrainConfig
 from learner.trainer import Trainer, TrainSample
 
 
 def test_precision_setting():
-    assert resolve_precision("auto", "cuda:0") == ("bfloat16", True)
-    assert resolve_precision("auto", "cpu") == ("float32", True)
-    assert resolve_precision("bf16", "cpu") == ("bfloat16", True)
-    assert resolve_precision("autocast", "cuda:1") == ("float32", True)
-    assert resolve_precision("fp32", "cuda:0") == ("float32", False)
+    asked: list[str] = []
+
+    def auto(device):  # the machine's answer (common.precision_probe.auto_train_precision)
+        asked.append(device)
+        return ("bf16", "device cuda:0 (native bf16): bf16") if device.startswith("cuda") else ("fp32", "no bf16 here")
+
+    assert resolve_precision("auto", "cuda:0", auto) == ("bfloat16", True, "device cuda:0 (native bf16): bf16")
+    assert resolve_precision("auto", "cpu", auto) == ("float32", False, "no bf16 here")
+    assert asked == ["cuda:0", "cpu"]
+    assert resolve_precision("bf16", "cpu", auto)[:2] == ("bfloat16", True)
+    assert resolve_precision("autocast", "cuda:1", auto) == ("float32", True, "device cuda:1: autocast (train.precision)")
+    assert resolve_precision("fp32", "cuda:0", auto)[:2] == ("float32", False)
+    assert len(asked) == 2  # an explicit setting asks nothing
     with pytest.raises(ValueError, match="train.precision"):
-        resolve_precision("fp8", "cpu")
+        resolve_precision("fp8", "cpu", auto)
+
+
+def test_auto_on_this_cpu_is_the_machine_choice(tmp_path, monkeypatch):
+    from common.precision_probe import auto_train_precision
+
+    monkeypatch.setenv("ECHO_SWARM_CACHE", str(tmp_path))
+    dtype, autocast, why = resolve_precision("auto", "cpu")
+    choice = auto_train_precision("cpu")
+    assert why == choice.reason and autocast == (choice.value == "autocast") and dtype == "float32"
+    assert why.startswith("device cpu (")
 
 
 def test_precision_on_a_gpu_without_bf16():
     """Before Ampere a GPU has no bf16 (torch refuses bf16 autocast there): auto trains in fp32,
     an explicit bf16 setting is refused with the remedy; the CPU is not affected."""
-    assert resolve_precision("auto", "cuda:0", cuda_bf16=False) == ("float32", False)
-    assert resolve_precision("fp32", "cuda:0", cuda_bf16=False) == ("float32", False)
+    def old_gpu(device):
+        return choose_train_precision(device, None, None, cuda_bf16=False).value, "old gpu"
+
+    assert resolve_precision("auto", "cuda:0", old_gpu, cuda_bf16=False)[:2] == ("float32", False)
+    assert resolve_precision("fp32", "cuda:0", old_gpu, cuda_bf16=False)[:2] == ("float32", False)
     for p in ("bf16", "autocast"):
         with pytest.raises(ValueError, match="does not support"):
-            resolve_precision(p, "cuda:0", cuda_bf16=False)
-    assert resolve_precision("auto", "cpu", cuda_bf16=False) == ("float32", True)
+            resolve_precision(p, "cuda:0", old_gpu, cuda_bf16=False)
+    assert resolve_precision("autocast", "cpu", old_gpu, cuda_bf16=False)[:2] == ("float32", True)
 
 
 @pytest.fixture(scope="module")
