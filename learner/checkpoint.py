@@ -19,7 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from learner.coordinator import GroupSpec
+from learner.coordinator import Coordinator, GroupSpec
 from learner.episodes import initial_prompt
 
 #: Complete checkpoints kept on disk (older ones are deleted).
@@ -84,10 +84,9 @@ def load_open_problems(run_dir: Path) -> list[str]:
     return refs
 
 
-def open_problem_refs(coord) -> list[str]:
+def open_problem_refs(coord: Coordinator) -> list[str]:
     """The problems of every group not yet trained or dropped, in the order they were added."""
-    return [coord.specs[g].problem_ref for g, st in coord.ledger.items()
-            if st in ("pending", "leased", "held", "completed")]
+    return coord.open_problem_refs()
 
 
 def run_identity(run_dir: Path, resume: bool, fresh_id: str) -> tuple[str, str]:

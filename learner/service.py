@@ -31,6 +31,7 @@ from learner.changes import Changes
 from learner.coordinator import Coordinator
 from learner.dissem import LearnerDissem
 from learner.episodes import EpisodeSettings
+from learner.group_ledger import GroupState
 from learner.lease_gate import GateSettings, LeaseGate
 from learner.ledger import WorkLedger
 from learner.model_serve import HELLO_MODEL_NAME_KEY, LearnerModelServe, hello_model_check
@@ -250,7 +251,7 @@ class LearnerService:
     def forget_idle(self, now: float) -> list[str]:
         """Forget nodes silent for :data:`IDLE_FORGET_S` that hold no lease (see there); returns
         the peers forgotten entirely. Keeps ``nodes`` bounded by the live and contributing ones."""
-        busy = {le.peer_id for le in self.coordinator.leases.values()}
+        busy = self.coordinator.ledger.busy_peers()
         gone = []
         for peer, n in list(self.nodes.items()):
             if now - n.last_seen <= IDLE_FORGET_S or peer in busy or self.pipelines.is_stage(peer):
@@ -387,7 +388,7 @@ class LearnerService:
         if held is None:
             self.credit(peer_id, n_completions)
         for gid, reason in rejected.items():
-            back = " (pending again)" if self.coordinator.ledger.get(gid) == "pending" else ""
+            back = " (pending again)" if self.coordinator.ledger.get(gid) is GroupState.PENDING else ""
             log.warning("rejected group %s from %s: %s%s", gid, short(peer_id), reason, back)
         self.notify()
         return RolloutAck(accepted_groups=len(accepted), rejected_groups=len(rejected), rejections=rejected)

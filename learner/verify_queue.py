@@ -163,7 +163,7 @@ class VerifyQueue:
         if hold_id is None:
             return None
         item = PendingCheck(hold_id, peer_id, self.backend_of(peer_id),
-                            picked=[(gid, coord.specs[gid].prompt_ids, results[gid]) for gid in picked],
+                            picked=[(gid, coord.spec(gid).prompt_ids, results[gid]) for gid in picked],
                             completions=sizes)
         if self.replay is not None:  # exact replay where the learner reproduces the node's numerics
             item.replayed = {gid for gid, _p, r in item.picked if self.replay.choose(peer_id, r)}
