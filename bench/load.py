@@ -229,15 +229,15 @@ def run(args) -> None:
                         t_start = t_start or time.perf_counter()
                         trained += len(coord.take(done))  # "training": every completed group at once
                     rss_max = max(rss_max, _rss())
-                    if all_joined_s is None and len(svc.nodes) >= args.nodes:
+                    if all_joined_s is None and len(svc.roster) >= args.nodes:
                         all_joined_s = time.perf_counter() - t_launch
                     if time.monotonic() - last > 10:
                         last = time.monotonic()
-                        print(f"load: {trained}/{args.groups} groups trained, {len(svc.nodes)} nodes joined, "
+                        print(f"load: {trained}/{args.groups} groups trained, {len(svc.roster)} nodes joined, "
                               f"learner RSS {rss_max / 2**20:.0f} MiB", flush=True)
             elapsed = time.perf_counter() - (t_start or time.perf_counter())
             cpu_s = _cpu_s() - cpu0
-            joined = len(svc.nodes)
+            joined = len(svc.roster)
             svc.finish()
             await svc.wait_nodes_told(active_within_s=60.0, timeout_s=60.0)
             for p in procs:

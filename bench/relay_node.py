@@ -165,10 +165,7 @@ async def one_trial(dissem, order, version, trial, timeout, LoraAdapter, DissemC
     import trio
 
     settings = {k: v for k, v in trial.items() if k in DissemConfig.__dataclass_fields__}
-    dissem.cfg = DissemConfig(**settings)
-    from swarm.dissem.codec import CodecConfig
-
-    dissem.codec = CodecConfig(dissem.cfg.codec, dissem.cfg.int8_block, dissem.cfg.zstd_level)
+    dissem.reconfigure(DissemConfig(**settings))
     rank = int(trial.get("rank", 8))
     tensors = await trio.to_thread.run_sync(lambda: lora_tensors(rank, seed=version))
     adapter = LoraAdapter(version=version, rank=rank, alpha=2.0 * rank, target_modules=[], tensors=tensors)

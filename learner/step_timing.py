@@ -81,8 +81,8 @@ class StepClock:
 
 
 def gen_seconds(service) -> dict[str, float]:
-    """Generation seconds each node has reported so far (``NodeInfo.gen_s``)."""
-    return {peer: float(n.gen_s) for peer, n in service.nodes.items()}
+    """Generation seconds each node has reported so far (``learner.roster.NodeView.gen_s``)."""
+    return service.roster.gen_seconds()
 
 
 def gen_fields(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:

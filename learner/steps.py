@@ -99,7 +99,7 @@ async def _wait_ready(ctx, ready, describe, refill=None) -> None:
             await ctx.service.wait_changed()
         if scope.cancelled_caught:
             ctx.console(f"learner: step {ctx.state.step + 1} waiting for rollouts ({describe()}, "
-                        f"{len(ctx.service.nodes)} node(s) joined)")
+                        f"{len(ctx.service.roster)} node(s) joined)")
 
 
 async def sequential_step(ctx) -> dict[str, Any]:

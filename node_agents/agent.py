@@ -143,7 +143,7 @@ class NodeAgent:
         hello = Hello(
             backend=caps.backend, device=caps.device, memory_bytes=caps.memory_bytes,
             tokens_per_s=caps.tokens_per_s, extra={**caps.extra, "model": self.model_name},
-            model_sha256=self.cfg.model_sha256,
+            model_sha256=self.cfg.model_sha256, name=self.name[:256],
         )
         hello.run_name, hello.addrs = self.cfg.run.partition("@")[0], host.advertised_addrs(peer)
         hello.join_token = self.cfg.join_token

@@ -49,7 +49,7 @@ from swarm.host_config import (
     SHUTDOWN_TIMEOUT_S,
     HostConfig,
 )
-from swarm.host_identity import IDENTITY_FILE, IDENTITY_FILE_MODE, load_or_create_identity
+from swarm.host_identity import IDENTITY_FILE, IDENTITY_FILE_MODE, PrivateKey, load_or_create_identity
 from swarm.request_reply import Handler, RequestReply
 
 __all__ = [
@@ -105,7 +105,7 @@ class SwarmHost(RequestReply, Dialing):
         ips = [ip for ip in map(connection_remote_ip, conns) if ip is not None]
         return for_remote(ours, ips[0] if ips else None)
 
-    def private_key(self) -> Any:
+    def private_key(self) -> PrivateKey:
         """The host's libp2p identity private key (Ed25519), e.g. to sign manifests."""
         return self.libp2p_host.get_private_key()
 

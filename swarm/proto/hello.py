@@ -32,6 +32,9 @@ class Hello(Message):
     addrs: list[str] = bounded_default([], max_items=16, max_len=512)
     #: Join token minted by the operator (``swarm-learner token``), for allowlist admission.
     join_token: str = bounded_default("", max_items=1024)
+    #: What the node calls itself (``swarm-node join --name``), shown by the learner's dashboard
+    #: and reports; "" = none (the learner keeps at most 64 printable characters of it).
+    name: str = bounded_default("", max_items=256)
 
 
 @dataclass

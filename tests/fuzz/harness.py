@@ -90,7 +90,7 @@ class Harness:
                                                         run_id="fuzz", model_name="m", long_poll_s=1.0))
             svc.register(lh)
             dissem = LearnerDissem(lh, DissemConfig(mode="tree", stall_timeout_s=1.0), "fuzz",
-                                   admit=lambda peer: peer in svc.nodes)
+                                   admit=lambda peer: peer in svc.roster)
             dissem.register()
             from node_agents.adapter_sync import AdapterSync
 

@@ -301,7 +301,7 @@ def test_geometry_out_of_range_is_refused():
 
 
 def test_the_learners_probe_opens_a_stage_stream_and_fails_on_a_gone_peer(tmp_path):
-    from learner.pipelines import stage_alive
+    from learner.stage_requests import stage_alive
     from swarm.host import open_host
     from swarm.pipeline.proto import PIPELINE
 

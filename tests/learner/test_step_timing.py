@@ -10,6 +10,8 @@ import pytest
 import torch
 import trio
 
+from learner.roster import NodeRoster
+from swarm.proto.hello import Hello
 from learner.coordinator import CompletedGroup, GroupSpec
 from learner.models import ResolvedModel
 from learner.report import breakdown_markdown, step_breakdown
@@ -78,7 +80,8 @@ class _Tokenizer:
 
 class _Service:
     def __init__(self):
-        self.nodes = {"peerA": SimpleNamespace(gen_s=0.0)}
+        self.roster = NodeRoster()
+        self.roster.admit("peerA", Hello(backend="llamacpp", device="cpu", memory_bytes=1, tokens_per_s=1.0), 0.0)
         self.published = []
         self.dissem = None
 
@@ -120,7 +123,7 @@ def test_a_learner_step_row_has_the_breakdown(tiny_model):
         t0 = time.perf_counter()
         gen0 = {"peerA": 0.0}
         await trio.sleep(0.05)  # the wait for the batch; a node reports 0.04 s of generation
-        service.nodes["peerA"].gen_s = 0.04
+        service.roster.record_push("peerA", 0, 0, 0, 0, 0.04)
         return await _train_and_publish(ctx, _groups(), t0, time.perf_counter() - t0, gen0)
 
     row = trio.run(step)

@@ -137,7 +137,7 @@ def test_a_failed_check_untrusts_the_peer_and_reissues_its_held_groups_none_trai
                     await svc.wait_changed()
             assert svc.admission.untrusted["cheat"].startswith(f"unverified: group {g0}: claimed log-probs differ")
             assert coord.ledger[g0] == coord.ledger[g1] == PENDING and coord.holds == {}
-            assert coord.take_drop_counts() == {"unverified": 2} and "cheat" not in svc.nodes
+            assert coord.take_drop_counts() == {"unverified": 2} and "cheat" not in svc.roster
             assert svc.take_contributions() == {}
             # the cheater is refused from now on; the honest node generates both groups again
             with pytest.raises(Refused):  # forgotten: its next request is refused outright ...
@@ -171,7 +171,7 @@ def test_a_check_that_cannot_run_reissues_the_push_without_blaming_the_peer():
                 while coord.ledger[g0] == HELD:
                     await svc.wait_changed()
             assert coord.ledger[g0] == PENDING and coord.take_drop_counts() == {"verify_error": 1}
-            assert svc.admission.untrusted == {} and "A" in svc.nodes
+            assert svc.admission.untrusted == {} and "A" in svc.roster
             assert coord.lease("A", 1, now=trio.current_time()).group_ids == [g0]
             svc.finish()
 
