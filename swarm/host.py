@@ -162,7 +162,8 @@ def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: lis
     from libp2p.stream_muxer.yamux.yamux import Yamux
 
     from swarm.addrs import addrs_factory
-    from swarm.join_path import connection_config, disable_auto_identify, pace_inbound_handshakes
+    from swarm.join_path import (connection_config, disable_auto_identify, free_inbound_slot_on_close,
+                                 pace_inbound_handshakes)
 
     config = config or HostConfig()
     # Noise needs its own static X25519 key; the libp2p identity key signs it in the handshake.
@@ -180,6 +181,7 @@ def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: lis
         negotiate_timeout=max(1, round(config.negotiate_timeout_s)),
     )
     pace_inbound_handshakes(host, config.max_concurrent_handshakes)
+    free_inbound_slot_on_close(host)
     if not config.identify_on_connect:
         disable_auto_identify(host)
     return host
