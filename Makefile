@@ -25,7 +25,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/swarm-learner demo --nodes 2
 
+# The type checker first (settings in pyproject.toml; its cache also serves tests/test_type_check.py).
 test: $(STAMP) netns-tools browser-tools
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP) netns-tools browser-tools

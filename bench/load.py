@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -157,7 +158,7 @@ def _worker(args) -> None:
     from swarm.host import HostConfig, open_host
 
     addr, first, count = args.worker[0], int(args.worker[1]), int(args.worker[2])
-    stats = {"lease_s": [], "push_s": [], "accepted": 0, "errors": [], "gave_up": 0, "join_s": [], "join_tries": [],
+    stats: dict[str, Any] = {"lease_s": [], "push_s": [], "accepted": 0, "errors": [], "gave_up": 0, "join_s": [], "join_tries": [],
              "nodes_with_work": 0}
 
     async def main():

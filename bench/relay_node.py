@@ -94,7 +94,7 @@ async def run_node(args) -> None:
         await sync.join(args.run_id)
         print(f"peer {host.peer_id}", flush=True)
         # Serve until stdin closes (the parent went away) or we are killed.
-        await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)  # type: ignore[call-arg]  # old trio stubs
 
 
 async def run_learner(args) -> None:

@@ -247,15 +247,15 @@ class LearnerDissem:
         encoded = await trio.to_thread.run_sync(self.encoder.encode_all, adapter, ranges)
         self.encoder.commit(adapter.version, encoded)
         asms: dict[LayerRange, Assembly] = {None: self.store.add(Assembly(encoded.manifest, encoded.chunks))}
-        for rng, (m, c) in encoded.parts.items():
-            asms[rng] = self.store.add(Assembly(m, c))
+        for part, (m, c) in encoded.parts.items():
+            asms[part] = self.store.add(Assembly(m, c))
         self.have.setdefault(adapter.version, {})
         for v in sorted(self.have)[:-KEEP_REPORTS]:
             del self.have[v]
             self.started_at.pop(v, None)
         chosen = [self.members[p] for p in (members if members is not None else list(self.members))
                   if p in self.members]
-        groups = {None: [], **{r: [] for r in ranges}, **split_by_range(chosen)}
+        groups: dict[LayerRange, list[Member]] = {None: [], **{r: [] for r in ranges}, **split_by_range(chosen)}
         self.started_at[adapter.version] = time.time()
         relays: set[str] = set()
         links = self.link_snapshot()

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
 
 from learner.adapter_versions import AdapterVersions
 from learner.admission import Admission
@@ -35,39 +37,48 @@ from swarm.proto.hello import Hello, HelloAck
 log = logging.getLogger("echo_swarm.learner")
 
 
+@dataclass(frozen=True)
+class JoinTerms:
+    """What every hello ack tells a node of the run, and what its hello must match."""
+
+    #: This run's id (a resume keeps it).
+    run_id: str
+    #: The base model's name.
+    model_name: str
+    #: The run's name: a node that asked for another run (``--run``) is refused ("": no check).
+    run_name: str = ""
+    #: The base model's content hash: a node whose hello names another is refused ("": no check).
+    model_sha256: str = ""
+
+
 class HelloDesk:
     def __init__(self, roster: NodeRoster, coordinator: Coordinator, pipelines: PipelineManager,
-                 versions: AdapterVersions, changes: Changes, *, run_id: str, model_name: str,
-                 run_name: str = "", model_sha256: str = "", admission: Admission | None = None,
-                 model_serve: LearnerModelServe | None = None, dissem: LearnerDissem | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 versions: AdapterVersions, changes: Changes, terms: JoinTerms, *,
+                 admission: Admission | None = None, model_serve: LearnerModelServe | None = None,
+                 dissem: LearnerDissem | None = None) -> None:
         self.roster = roster
         self.coordinator = coordinator
         self.pipelines = pipelines
         self.versions = versions
         self.changes = changes
-        self.run_id = run_id
-        self.model_name = model_name
-        self.run_name = run_name
-        self.model_sha256 = model_sha256
+        self.terms = terms
         self.admission = admission
         self.model_serve = model_serve
         self.dissem = dissem
-        #: The service's clock (``trio.current_time`` in the service; node ``last_seen`` uses it).
-        self.clock = clock
 
     def refusal(self, reason: str, retry_after_s: float = 0.0, model_sha256: str = "") -> HelloAck:
-        return HelloAck(accepted=False, run_id=self.run_id, model=self.model_name, current_version=0, reason=reason,
-                        retry_after_s=retry_after_s, model_sha256=model_sha256, run_name=self.run_name)
+        t = self.terms
+        return HelloAck(accepted=False, run_id=t.run_id, model=t.model_name, current_version=0, reason=reason,
+                        retry_after_s=retry_after_s, model_sha256=model_sha256, run_name=t.run_name)
 
     async def on_hello(self, msg: Hello, peer_id: str) -> HelloAck:
         """The ``HELLO`` handler: every ack carries the run's name."""
-        why = run_mismatch(msg.run_name, self.run_name)
+        why = run_mismatch(msg.run_name, self.terms.run_name)
         if why:
             log.warning("refused node %s: %s", peer_id[-6:], why)
             return self.refusal(why)
         ack = self.admit(msg, peer_id)
-        ack.run_name = self.run_name
+        ack.run_name = self.terms.run_name
         return ack
 
     def admit(self, msg: Hello, peer_id: str) -> HelloAck:
@@ -78,11 +89,11 @@ class HelloDesk:
                 log.warning("refused node %s: %s", peer_id[-6:], decision.reason)
                 return self.refusal(decision.reason, decision.retry_after_s)
         reason = hello_model_check(msg.model_sha256, msg.extra.get(HELLO_MODEL_NAME_KEY, ""),
-                                   self.model_sha256, self.model_name)
+                                   self.terms.model_sha256, self.terms.model_name)
         if reason:
             log.warning("refused node %s: %s", peer_id[-6:], reason)
-            return self.refusal(reason, model_sha256=self.model_sha256)
-        now = self.clock()
+            return self.refusal(reason, model_sha256=self.terms.model_sha256)
+        now = trio.current_time()
         try:
             candidate = Candidate.from_hello(msg)
             self.pipelines.enter(peer_id, candidate, now)
@@ -100,8 +111,9 @@ class HelloDesk:
         log.info("node %s%s %s: backend=%s device=%s mem=%.1f GiB %.0f tok/s", peer_id[-6:],
                  f" ({view.name})" if view is not None and view.name else "", "re-joined" if known else "joined",
                  msg.backend[:64], msg.device[:64], msg.memory_bytes / 2**30, msg.tokens_per_s)
-        return HelloAck(accepted=True, run_id=self.run_id, model=self.model_name, current_version=self.versions.newest(),
-                        model_sha256=self.model_sha256,  # a private run's membership ticket (swarm/membership.py):
+        t = self.terms
+        return HelloAck(accepted=True, run_id=t.run_id, model=t.model_name, current_version=self.versions.newest(),
+                        model_sha256=t.model_sha256,  # a private run's membership ticket (swarm/membership.py):
                         ticket=self.model_serve.ticket_for(peer_id) if self.model_serve is not None else None)
 
     def rejoin_stage(self, peer_id: str, now: float) -> None:

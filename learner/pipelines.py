@@ -117,7 +117,8 @@ def parse_stage_hello(extra: Mapping[str, str]) -> ModelSpec | None:
         names = {f.name for f in dataclasses.fields(ModelSpec)}
         if not isinstance(raw, dict) or set(raw) - names:
             raise ValueError(f"unexpected fields {sorted(set(raw) - names) if isinstance(raw, dict) else raw}")
-        spec = ModelSpec(**{k: (float(v) if k == "head_compute_layers" else int(v)) for k, v in raw.items()})
+        fields: dict[str, Any] = {k: (float(v) if k == "head_compute_layers" else int(v)) for k, v in raw.items()}
+        spec = ModelSpec(**fields)
     except (TypeError, ValueError, OverflowError) as e:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"bad stage model geometry: {e}") from e
     sizes = (spec.layer_bytes, spec.embed_bytes, spec.head_bytes, spec.kv_bytes_per_token)

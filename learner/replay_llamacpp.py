@@ -76,7 +76,8 @@ class LlamaCppReplay:
         if any(c.mask for c in result.completions):
             return False  # multi-turn: environment tokens are not the model's to replay
         declared = self.numerics_of(peer_id)
-        if not replayable(declared, self.build, self.gguf_sha256, self.cfg.max_kv_cells, self.cfg.max_threads):
+        if declared is None or not replayable(declared, self.build, self.gguf_sha256, self.cfg.max_kv_cells,
+                                              self.cfg.max_threads):
             return False
         if not self.budget.allow(peer_id):
             return False
@@ -118,7 +119,7 @@ class LlamaCppReplay:
     def check_groups(self, items: list[tuple[str, str, list[int], Any]]) -> list[str | None]:
         """Replay and compare (peer id, group id, prompt ids, pushed ``GroupResult``) each; per
         group the reason it fails (``None``: identical to its replay)."""
-        out = []
+        out: list[str | None] = []
         for peer, gid, prompt, result in items:
             t0 = time.perf_counter()
             n = self._chosen.pop(gid, None) or self.numerics_of(peer)

@@ -35,7 +35,7 @@ from learner.coordinator import Coordinator, CoordinatorStats
 from learner.dissem import LearnerDissem
 from learner.dissem_report import DissemStats
 from learner.episodes import EpisodeSettings
-from learner.hello_desk import HelloDesk
+from learner.hello_desk import HelloDesk, JoinTerms
 from learner.lease_gate import GateSettings, LeaseGate
 from learner.ledger import WorkLedger
 from learner.model_serve import LearnerModelServe
@@ -163,9 +163,8 @@ class LearnerService:
         self.pipelines = PipelineManager(s.group_size, s.sampling.max_tokens, s.pipeline, on_plan=self._plan_changed,
                                          links=dissem.link_snapshot if dissem is not None else None)
         self.hello = HelloDesk(self.roster, coordinator, self.pipelines, self.versions, self.changes,
-                               run_id=s.run_id, model_name=s.model_name, run_name=s.run_name,
-                               model_sha256=s.model_sha256, admission=admission, model_serve=model_serve,
-                               dissem=dissem, clock=trio.current_time)
+                               JoinTerms(s.run_id, s.model_name, s.run_name, s.model_sha256),
+                               admission=admission, model_serve=model_serve, dissem=dissem)
         self.desk = WorkDesk(coordinator, self.pipelines, LeaseGate(s.gate), self.changes, sampling=s.sampling,
                              group_size=s.group_size, long_poll_s=s.long_poll_s, admission=admission, episode=episode)
         #: Validator nodes for numerics the learner cannot replay (``learner/validator_desk.py``).
@@ -264,10 +263,6 @@ class LearnerService:
     def node_backends(self) -> dict[str, str]:
         """Peer id -> the generation backend it announced in its hello (``llamacpp``, ``torch``, ``mlx``)."""
         return self.roster.backends()
-
-    def forget_idle(self, now: float) -> list[str]:
-        """:meth:`learner.hello_desk.HelloDesk.sweep` (every hello runs it)."""
-        return self.hello.sweep(now)
 
     def untrust(self, peer_id: str, reason: str) -> None:
         """Mark ``peer_id`` untrusted for the run: refused at join, leases revoked, its untrained

@@ -29,10 +29,12 @@ from learner.checkpoint import LoopState
 from learner.config import LearnerConfig
 from learner.coordinator import COMPLETED, HELD, CompletedGroup, Coordinator, GroupSpec
 from learner.episodes import initial_prompt
-from learner.scoring import score_groups
+from learner.scoring import Decoder, score_groups
 from learner.service import LearnerService
 from learner.step_check import ChecksFailed, GroupCheck, StepChecks
 from learner.step_timing import DissemWatch, StepClock, gen_seconds
+from learner.trainer_api import TrainerAPI
+from tasks.interface import SingleTurnTask
 from swarm.proto.adapter import AdapterReply
 
 #: Print a "waiting for rollouts" line when a batch has made no progress for this long.
@@ -47,9 +49,9 @@ class StepContext:
     state: LoopState
     coord: Coordinator
     service: LearnerService
-    trainer: Any
-    task: Any
-    tokenizer: Any
+    trainer: TrainerAPI
+    task: SingleTurnTask
+    tokenizer: Decoder
     console: Callable[[str], None]
     #: One GRPO update on a batch of samples: the trainer's ``train_step``, serialised with
     #: verification (:meth:`learner.verify.Verifier.exclusive`) when verification is on.
@@ -84,7 +86,7 @@ async def _wait_until(ctx, ready, describe, refill=None) -> None:
     watch: DissemWatch | None = getattr(ctx, "dissem_watch", None)
     async with trio.open_nursery() as nursery:
         if watch is not None:
-            nursery.start_soon(watch.run, ctx.service)
+            nursery.start_soon(watch.run)
         await _wait_ready(ctx, ready, describe, refill)
         nursery.cancel_scope.cancel()
 
@@ -104,7 +106,7 @@ async def _wait_ready(ctx, ready, describe, refill=None) -> None:
 
 async def sequential_step(ctx) -> dict[str, Any]:
     t0 = time.perf_counter()
-    gen0 = gen_seconds(ctx.service)
+    gen0 = gen_seconds(ctx.service.roster)
     ids = add_problems(ctx, ctx.cfg.train.prompts_per_step)
     coord, queue = ctx.coord, getattr(ctx.service, "checks", None)
 
@@ -131,7 +133,7 @@ async def sequential_step(ctx) -> dict[str, Any]:
 
 async def async_step(ctx) -> dict[str, Any]:
     t0 = time.perf_counter()
-    gen0 = gen_seconds(ctx.service)
+    gen0 = gen_seconds(ctx.service.roster)
     coord, n = ctx.coord, ctx.cfg.train.prompts_per_step
     top_up(ctx)
     # groups dropped as stale on arrival leave the supply during the wait: top it up again, or
@@ -208,7 +210,7 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
     clock.parts["encode"] += time.perf_counter() - t_exp - export_s  # with the worker-thread hop
     with clock.part("publish"):
         ctx.service.publish(reply)
-    ctx.dissem_watch = DissemWatch.start(ctx.service, state.version)
+    ctx.dissem_watch = DissemWatch.start(ctx.service.dissem, state.version)
     step_time = time.perf_counter() - t0
     comps = [c for g in groups for c in g.result.completions]
     lags = Counter(trained_on - g.result.version for g in groups for _ in g.result.completions)
@@ -235,5 +237,5 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
         "mean_completion_tokens": sum(len(c.token_ids) for c in comps) / len(comps),
         "stop_frac": sum(c.finish_reason == "stop" for c in comps) / len(comps),
         **check,
-        **clock.fields(step_time, gen_seconds(ctx.service), gen0 or {}, watch),
+        **clock.fields(step_time, gen_seconds(ctx.service.roster), gen0 or {}, watch),
     }

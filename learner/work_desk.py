@@ -31,6 +31,7 @@ from learner.episodes import EpisodeSettings
 from learner.group_ledger import LeaseRecord
 from learner.lease_gate import LeaseGate
 from learner.pipelines import PipelineManager
+from swarm.proto.stage import StageAssignment
 from swarm.proto.work import Lease, PromptGroup, Sampling, WorkReply, WorkRequest
 
 
@@ -119,7 +120,7 @@ class WorkDesk:
         return WorkReply(retry_after_s=0.0, reason="no_work")
 
     def lease_reply(self, peer_id: str, max_groups: int, limit: int | None = None,
-                    stage: Callable[[object], object] | None = None) -> WorkReply | None:
+                    stage: Callable[[LeaseRecord], StageAssignment] | None = None) -> WorkReply | None:
         """A lease for ``peer_id`` (admission caps and the gate permitting), with
         ``stage(record)`` attached for a pipeline head; None when there is nothing to lease."""
         coord = self.coordinator

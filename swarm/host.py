@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -149,7 +149,7 @@ def _check_tcp_addr(addr: multiaddr.Multiaddr) -> None:
         raise ValueError(f"listen address must be /ip4|ip6/<host>/tcp/<port>, got {addr}")
 
 
-def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: list[str] = (),
+def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: Sequence[str] = (),
                        config: HostConfig | None = None) -> Any:
     """A py-libp2p host offering exactly Noise for security and Yamux for multiplexing, with
     the connection limits and deadlines of ``config`` (:mod:`swarm.join_path`)."""
@@ -190,7 +190,7 @@ def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: lis
 @asynccontextmanager
 async def open_host(
     data_dir: str | os.PathLike[str], *, listen_addr: str = DEFAULT_LISTEN_ADDR, config: HostConfig | None = None,
-    announce: list[str] = (),
+    announce: Sequence[str] = (),
 ) -> AsyncIterator[SwarmHost]:
     """Start a host with the identity kept in ``data_dir``, listening on ``listen_addr``
     (TCP only; port 0 picks a free port, see ``host.addrs``) and also advertising the

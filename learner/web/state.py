@@ -84,8 +84,8 @@ class StepsView:
         self._rewards: list[float] = []
 
     def update(self, rows: Sequence[Mapping[str, Any]]) -> list[dict]:
-        if len(rows) < len(self.out):
-            self.__init__()
+        if len(rows) < len(self.out):  # a shorter history (a resumed run): start over
+            self.out, self._rewards = [], []
         for row in rows[len(self.out):]:
             self._rewards.append(float(row.get("reward_mean", 0.0)))
             window = self._rewards[-ROLLING_WINDOW:]
@@ -107,9 +107,9 @@ def nodes_view(stats: ServiceStats, now: float) -> list[dict]:
     coord = stats.coordinator
     dissem = stats.dissem
     held: dict[str, int] = {p: w.newest_version for p, w in coord.peers.items()}
-    for version in dissem.versions if dissem is not None else ():  # newest first: the first report wins
-        for d in version.deliveries:
-            held[d.peer_id] = max(held.get(d.peer_id, -1), version.version)
+    for delivered in dissem.versions if dissem is not None else ():
+        for d in delivered.deliveries:
+            held[d.peer_id] = max(held.get(d.peer_id, -1), delivered.version)
     out = []
     for n in stats.roster.nodes:
         peer = n.peer_id

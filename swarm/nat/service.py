@@ -318,8 +318,7 @@ class NatService:
         from swarm.addrs import host_ip, with_peer_id
         from swarm.discovery.reach import dial_back
 
-        ips = {connection_remote_ip(c) for c in self._conns(peer) if _is_direct(c)}
-        ips.discard(None)
+        ips = {ip for c in self._conns(peer) if _is_direct(c) and (ip := connection_remote_ip(c)) is not None}
         if not ips:
             return DialBackReply(False, "", ["no direct connection from you to dial back along"])
         cands = [with_peer_id(split_peer_id(a)[0], peer) for a in req.addrs
@@ -363,7 +362,7 @@ class NatService:
         rtt = await timed(BandwidthRequest())
         up = await timed(BandwidthRequest(payload=os.urandom(nbytes)))
         down = await timed(BandwidthRequest(want=nbytes))
-        return tuple(nbytes * 8 / max(t - rtt, 1e-3) / 1e6 for t in (up, down))
+        return nbytes * 8 / max(up - rtt, 1e-3) / 1e6, nbytes * 8 / max(down - rtt, 1e-3) / 1e6
 
     async def dial_from_listen_port(self, addr: str) -> str:
         """Dial ``addr`` (``.../p2p/<id>``) from our listening TCP port, as a hole punch does, so

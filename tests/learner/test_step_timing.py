@@ -156,7 +156,7 @@ class _Dissem:
 
 def test_dissem_watch_times_a_version_until_every_member_holds_it():
     dissem = _Dissem()
-    watch = DissemWatch.start(SimpleNamespace(dissem=dissem), 3)
+    watch = DissemWatch.start(dissem, 3)
     assert watch.peers == ["p1", "p2"]
 
     async def main():
@@ -174,10 +174,10 @@ def test_dissem_watch_times_a_version_until_every_member_holds_it():
     trio.run(main)
     f = watch.fields()
     assert f["time_dissem_s"] >= 0.05 and 0.01 <= f["time_dissem_encode_s"] <= f["time_dissem_s"]
-    assert DissemWatch.start(SimpleNamespace(dissem=None), 1) is None
+    assert DissemWatch.start(None, 1) is None
     direct = _Dissem()
     direct.cfg = SimpleNamespace(mode="direct")
-    assert DissemWatch.start(SimpleNamespace(dissem=direct), 1) is None
+    assert DissemWatch.start(direct, 1) is None
 
 
 def test_report_breakdown_is_mean_seconds_and_share():

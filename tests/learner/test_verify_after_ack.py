@@ -17,7 +17,7 @@ from learner.checkpoint import open_problem_refs
 from learner.coordinator import COMPLETED, HELD, PENDING, TRAINED, Coordinator, GroupSpec, Limits
 from learner.service import LearnerService, Refused, SamplingDefaults, ServiceSettings
 from learner.steps import _wait_until
-from learner.verify import Scored, Verifier
+from learner.verify import Scored, Verifier, VerifyConfig
 from swarm.proto.hello import Hello
 from swarm.proto.rollouts import Completion, GroupResult, RolloutPush
 from swarm.proto.work import WorkRequest
@@ -48,8 +48,8 @@ class GatedScores(Verifier):
 def setup(n_groups: int = 4, first_groups: int = 1) -> tuple[LearnerService, GatedScores]:
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(n_groups)])
-    cfg = types.SimpleNamespace(first_groups=first_groups, sample_frac=0.0, budget_s_per_step=0.0,
-                                max_mean_abs_diff={"default": 0.3}, max_abs_z=4.0, surprisal_slack=0.2)
+    cfg = VerifyConfig(first_groups=first_groups, sample_frac=0.0, budget_s_per_step=0.0,
+                       max_mean_abs_diff={"default": 0.3}, max_abs_z=4.0, surprisal_slack=0.2)
     verifier = GatedScores(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0)
     svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",
                                                 model_name="m", long_poll_s=0.2),
