@@ -23,6 +23,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "make-model": ("bench.make_model", "write a random-weight HF model of a supported family (llama3, qwen2, qwen3)"),
     "learner": ("bench.learner_bench", "learner training tokens/s and peak memory by device, rank count and model size"),
     "load": ("bench.load", "many simulated nodes (real libp2p hosts) against one learner: leases/pushes per s, latency, memory"),
+    "house-counts": ("bench.house_counts", "coupling the import graph cannot see: getattr on other objects, bare Any, long functions, big constructors"),
+    "hello-flood": ("bench.hello_flood", "hellos from fresh peer ids during a run, beside an undisturbed twin: latency, steps, memory, log"),
     "verify-cost": ("bench.verify_cost", "rollout verification's cost: per verified group, and the default demo with it on and off"),
     "replay-exactness": ("bench.replay_exactness", "llama.cpp CPU replay from a lease's seed: identical completions per condition (threads, batch layout, KV, ISA)"),
     "pipeline": ("bench.pipeline", "pipeline-sharded generation: k stage processes vs the whole model; busy, bubble, bytes/token"),
