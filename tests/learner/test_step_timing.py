@@ -84,6 +84,7 @@ class _Service:
         self.roster.admit("peerA", Hello(backend="llamacpp", device="cpu", memory_bytes=1, tokens_per_s=1.0), 0.0)
         self.published = []
         self.dissem = None
+        self.checks = None
 
     def publish(self, reply):
         self.published.append(reply.version)
@@ -117,7 +118,7 @@ def test_a_learner_step_row_has_the_breakdown(tiny_model):
     service = _Service()
     ctx = SimpleNamespace(state=SimpleNamespace(step=0, version=0), cfg=SimpleNamespace(train=SimpleNamespace(
         behaviour_check=False)), coord=SimpleNamespace(take_drop_counts=dict, completed={}), service=service,
-        trainer=trainer, train=trainer.train_step, task=_Task(), tokenizer=_Tokenizer())
+        trainer=trainer, train=trainer.train_step, task=_Task(), tokenizer=_Tokenizer(), dissem_watch=None)
 
     async def step():
         t0 = time.perf_counter()

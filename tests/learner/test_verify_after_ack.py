@@ -75,7 +75,8 @@ async def generate_and_push(svc: LearnerService, peer: str, token: int = 5):
 
 
 def step_ctx(svc: LearnerService):
-    return types.SimpleNamespace(service=svc, state=types.SimpleNamespace(step=0), console=lambda s: None)
+    return types.SimpleNamespace(service=svc, state=types.SimpleNamespace(step=0), console=lambda s: None,
+                                 dissem_watch=None)
 
 
 def test_the_ack_comes_before_the_check_and_the_batch_waits_for_it():
