@@ -59,7 +59,9 @@ other-python:
 demo: $(STAMP)
 	$(BIN)/swarm-learner demo --nodes 2
 
+# The type checker first (settings in pyproject.toml; its cache also serves tests/test_type_check.py).
 test: $(STAMP) netns-tools browser-tools other-python
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP) netns-tools browser-tools

@@ -28,6 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gpu-wheels": ("bench.gpu_wheels", "fetch the wheels gpu-check needs on a bare GPU machine (CPython 3.12) and check their size"),
     "gpu-check": ("bench.gpu_check", "the learner and the torch node on a GPU (CPU ratio, swarm run, torchrun) in one budgeted command"),
     "load": ("bench.load", "many simulated nodes (real libp2p hosts) against one learner: leases/pushes per s, latency, memory"),
+    "house-counts": ("bench.house_counts", "coupling the import graph cannot see: getattr on other objects, bare Any, long functions, big constructors"),
+    "hello-flood": ("bench.hello_flood", "hellos from fresh peer ids during a run, beside an undisturbed twin: latency, steps, memory, log"),
     "verify-cost": ("bench.verify_cost", "rollout verification's cost: per verified group, and the default demo with it on and off"),
     "replay-exactness": ("bench.replay_exactness", "llama.cpp CPU replay from a lease's seed: identical completions per condition (threads, batch layout, KV, ISA)"),
     "pipeline": ("bench.pipeline", "pipeline-sharded generation: k stage processes vs the whole model; busy, bubble, bytes/token"),

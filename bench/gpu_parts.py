@@ -217,6 +217,7 @@ def train_row(spec: dict[str, Any], precision: str) -> dict[str, Any]:
     from learner.config import LearnerConfig
     from learner.models import ResolvedModel
     from learner.placement import peak_memory_bytes
+    from learner.trainer import Trainer
     from learner.trainer_build import build_trainer
     from swarm.config import load_config
 
@@ -224,6 +225,7 @@ def train_row(spec: dict[str, Any], precision: str) -> dict[str, Any]:
                                             "train.micro_batch=0", f"train.torch_threads={spec['threads']}"])
     t0 = time.perf_counter()
     trainer = build_trainer(ResolvedModel(spec["model"], None, Path(spec["model_dir"])), cfg)
+    assert isinstance(trainer, Trainer)  # one process, one rank
     load_s = time.perf_counter() - t0
     dev = trainer.device
     batch = synthetic_batch(trainer.shape.vocab, spec["prompts"], spec["group"], spec["prompt_len"],

@@ -60,7 +60,7 @@ def closure(roots: Iterable[str], requires: Callable[[str], list[str]],
 
     env = dict(TARGET_ENV if env is None else env)
     seen: dict[str, set[str]] = {}
-    todo = [(canon(r), frozenset()) for r in roots]
+    todo: list[tuple[str, frozenset[str]]] = [(canon(r), frozenset()) for r in roots]
     while todo:
         name, extras = todo.pop()
         if name in seen and extras <= seen[name]:

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -157,7 +158,7 @@ def _worker(args) -> None:
     from swarm.host import HostConfig, open_host
 
     addr, first, count = args.worker[0], int(args.worker[1]), int(args.worker[2])
-    stats = {"lease_s": [], "push_s": [], "accepted": 0, "errors": [], "gave_up": 0, "join_s": [], "join_tries": [],
+    stats: dict[str, Any] = {"lease_s": [], "push_s": [], "accepted": 0, "errors": [], "gave_up": 0, "join_s": [], "join_tries": [],
              "nodes_with_work": 0}
 
     async def main():
@@ -229,15 +230,15 @@ def run(args) -> None:
                         t_start = t_start or time.perf_counter()
                         trained += len(coord.take(done))  # "training": every completed group at once
                     rss_max = max(rss_max, _rss())
-                    if all_joined_s is None and len(svc.nodes) >= args.nodes:
+                    if all_joined_s is None and len(svc.roster) >= args.nodes:
                         all_joined_s = time.perf_counter() - t_launch
                     if time.monotonic() - last > 10:
                         last = time.monotonic()
-                        print(f"load: {trained}/{args.groups} groups trained, {len(svc.nodes)} nodes joined, "
+                        print(f"load: {trained}/{args.groups} groups trained, {len(svc.roster)} nodes joined, "
                               f"learner RSS {rss_max / 2**20:.0f} MiB", flush=True)
             elapsed = time.perf_counter() - (t_start or time.perf_counter())
             cpu_s = _cpu_s() - cpu0
-            joined = len(svc.nodes)
+            joined = len(svc.roster)
             svc.finish()
             await svc.wait_nodes_told(active_within_s=60.0, timeout_s=60.0)
             for p in procs:

@@ -97,6 +97,7 @@ def _worker(args: argparse.Namespace) -> None:
     from common.precision_probe import auto_train_precision, probe
     from learner.config import LearnerConfig
     from learner.models import ResolvedModel, resolve_model
+    from learner.trainer import Trainer
     from learner.trainer_build import build_trainer
     from swarm.config import load_config
 
@@ -109,11 +110,13 @@ def _worker(args: argparse.Namespace) -> None:
           f"{found.autocast_s * 1e3:.1f} ms{', cached' if found.cached else ''}; {time.perf_counter() - t0:.2f} s "
           f"with torch's import; cache {cache_root() / 'machine'})", flush=True)
     precisions = args.precisions.split(",")
-    trainers = {}
+    trainers: dict[str, Trainer] = {}
     for p in precisions:
         cfg = load_config(LearnerConfig, None, [f"train.precision={p}", "train.device=cpu",
                                                 f"train.torch_threads={args.threads}"])
-        trainers[p] = build_trainer(ResolvedModel("bench", None, model_dir), cfg)
+        trainer = build_trainer(ResolvedModel("bench", None, model_dir), cfg)
+        assert isinstance(trainer, Trainer)  # one process, one rank
+        trainers[p] = trainer
     shape = next(iter(trainers.values())).shape
     batch = synthetic_batch(shape.vocab, args.prompts, args.group, args.prompt_len, args.completion_len)
     times: dict[str, list[tuple[float, float]]] = {p: [] for p in precisions}  # (wall s, process CPU s)

@@ -94,7 +94,7 @@ async def run_node(args) -> None:
         await sync.join(args.run_id)
         print(f"peer {host.peer_id}", flush=True)
         # Serve until stdin closes (the parent went away) or we are killed.
-        await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)  # type: ignore[call-arg]  # old trio stubs
 
 
 async def run_learner(args) -> None:
@@ -165,10 +165,7 @@ async def one_trial(dissem, order, version, trial, timeout, LoraAdapter, DissemC
     import trio
 
     settings = {k: v for k, v in trial.items() if k in DissemConfig.__dataclass_fields__}
-    dissem.cfg = DissemConfig(**settings)
-    from swarm.dissem.codec import CodecConfig
-
-    dissem.codec = CodecConfig(dissem.cfg.codec, dissem.cfg.int8_block, dissem.cfg.zstd_level)
+    dissem.reconfigure(DissemConfig(**settings))
     rank = int(trial.get("rank", 8))
     tensors = await trio.to_thread.run_sync(lambda: lora_tensors(rank, seed=version))
     adapter = LoraAdapter(version=version, rank=rank, alpha=2.0 * rank, target_modules=[], tensors=tensors)

@@ -162,7 +162,7 @@ def _cpuinfo() -> tuple[str, set[str]]:
         features = _sysctl("machdep.cpu.features").lower().split() + _sysctl("machdep.cpu.leaf7_features").lower().split()
         flags |= {f.replace(".", "_") for f in features}
         return _sysctl("machdep.cpu.brand_string"), flags
-    model, flags = "", set()
+    model, flags = "", set[str]()
     for line in (_read("/proc/cpuinfo") or "").splitlines():
         key, _, value = line.partition(":")
         key = key.strip().lower()

@@ -154,7 +154,10 @@ def gguf_config_overrides(gguf_path: Path) -> dict:
     import gguf
 
     reader = gguf.GGUFReader(str(gguf_path))
-    arch = reader.get_field("general.architecture").contents()
+    arch_field = reader.get_field("general.architecture")
+    if arch_field is None:
+        raise ValueError(f"{gguf_path}: no general.architecture in the GGUF")
+    arch = arch_field.contents()
     field = reader.get_field(f"{arch}.attention.key_length")
     meta = {f"{arch}.attention.key_length": field.contents()} if field is not None else {}
     return config_overrides(arch, meta, {t.name for t in reader.tensors})

@@ -123,7 +123,8 @@ def read_entry(text: str | bytes, key: str) -> ProbeResult | None:
     if not isinstance(d, dict) or d.get("format") != FORMAT or d.get("key") != key:
         return None
     fp32, bf16, when = d.get("fp32_s"), d.get("autocast_s"), d.get("measured_at")
-    if not (_valid_seconds(fp32) and _valid_seconds(bf16) and isinstance(when, (int, float))):
+    if not (isinstance(fp32, (int, float)) and isinstance(bf16, (int, float)) and _valid_seconds(fp32)
+            and _valid_seconds(bf16) and isinstance(when, (int, float))):
         return None
     return ProbeResult(fp32_s=float(fp32), autocast_s=float(bf16), key=key, measured_at=float(when), cached=True)
 

@@ -19,7 +19,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from learner.coordinator import GroupSpec
+from learner.coordinator import Coordinator, GroupSpec
+from learner.trainer_api import TrainerAPI
 from learner.episodes import initial_prompt
 
 #: Complete checkpoints kept on disk (older ones are deleted).
@@ -36,7 +37,7 @@ class LoopState:
     wall_s: float = 0.0
 
 
-def save_state(run_dir: Path, trainer, state, open_problems: list[str] | None = None) -> Path:
+def save_state(run_dir: Path, trainer: TrainerAPI, state: LoopState, open_problems: list[str] | None = None) -> Path:
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{state.step}"
@@ -64,7 +65,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
-def load_state(run_dir: Path, trainer) -> LoopState:
+def load_state(run_dir: Path, trainer: TrainerAPI) -> LoopState:
     path = latest_checkpoint(run_dir)
     if path is None:
         raise FileNotFoundError(f"no checkpoint to resume from in {Path(run_dir) / 'checkpoints'}")
@@ -84,25 +85,23 @@ def load_open_problems(run_dir: Path) -> list[str]:
     return refs
 
 
-def open_problem_refs(coord) -> list[str]:
+def open_problem_refs(coord: Coordinator) -> list[str]:
     """The problems of every group not yet trained or dropped, in the order they were added."""
-    return [coord.specs[g].problem_ref for g, st in coord.ledger.items()
-            if st in ("pending", "leased", "held", "completed")]
+    return coord.open_problem_refs()
 
 
 def run_identity(run_dir: Path, resume: bool, fresh_id: str) -> tuple[str, str]:
     """(run id kept in ``run.json``, id announced to nodes). A new run stores ``fresh_id``; each
     resume keeps it and counts one more restart (announced as ``<id>~<restarts>``)."""
     path = Path(run_dir) / "run.json"
-    info = {"run_id": fresh_id, "restarts": 0}
+    run_id, restarts = fresh_id, 0
     if resume and path.exists():
         old = json.loads(path.read_text())
-        info = {"run_id": str(old["run_id"]), "restarts": int(old.get("restarts", 0)) + 1}
+        run_id, restarts = str(old["run_id"]), int(old.get("restarts", 0)) + 1
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info))
+    tmp.write_text(json.dumps({"run_id": run_id, "restarts": restarts}))
     tmp.replace(path)
-    announced = info["run_id"] if info["restarts"] == 0 else f"{info['run_id']}~{info['restarts']}"
-    return info["run_id"], announced
+    return run_id, (run_id if restarts == 0 else f"{run_id}~{restarts}")
 
 
 def reissue_specs(refs: list[str], task, tokenizer, multi_turn: bool) -> list:

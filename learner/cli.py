@@ -269,8 +269,8 @@ def launch(cfg, run_dir: Path, resume: bool, data_dir: Path | None = None) -> in
             trio.run(lambda: run_learner(cfg, run_dir, resume=resume, data_dir=data_dir))
         except BaseException as e:  # trio nurseries wrap it in an exception group
             first = e
-            while isinstance(first, BaseExceptionGroup) and first.subgroup(SequenceTooLongError) is not None:
-                first = first.subgroup(SequenceTooLongError).exceptions[0]
+            while isinstance(first, BaseExceptionGroup) and (group := first.subgroup(SequenceTooLongError)) is not None:
+                first = group.exceptions[0]
             if not isinstance(first, SequenceTooLongError):
                 raise
             print(f"swarm-learner: training stopped (resume from the last checkpoint with --resume): {first}",

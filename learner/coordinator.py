@@ -3,10 +3,11 @@
 No I/O and no clocks: every call takes ``now`` (seconds, any monotonic origin), so the
 rules are unit-testable and the network service around it stays thin.
 
-Every prompt group is accounted for in :attr:`Coordinator.ledger` with one state:
+Every prompt group is accounted for in :attr:`Coordinator.ledger` (:class:`~learner.group_ledger.GroupLedger`,
+the only writer of group states, its pending queue and the leases) with one state:
 ``pending`` (waiting for a node), ``leased``, ``held`` (rollouts received and acknowledged,
 waiting for the verification of their push: not handed to training), ``completed`` (rollouts
-kept, not yet trained), ``trained``, or ``dropped:<reason>``. A group is trained at most once; a lease
+kept, not yet trained), ``trained``, or ``dropped`` (with a reason). A group is trained at most once; a lease
 that expires puts its unfinished groups back at the front of the queue, and a late result
 for a group that nobody else has completed yet is still accepted, so no work is lost.
 Peers that take leases and let them expire are kept in check by the lease rules
@@ -26,19 +27,20 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from typing import Callable
 
 from learner.buffer import ReplayBuffer
+from learner.group_ledger import (GroupEvent, GroupLedger, GroupState, LeaseRecord, LedgerStats,  # noqa: F401
+                                  MAX_EXPIRED_LEASES)
 from learner.holds import HoldBook
 from learner.lease_rules import Probation, backup_groups
 from learner.rollout_checks import Limits, validate_group  # noqa: F401 (Limits re-exported)
-from learner.ledger_states import COMPLETED, HELD, LEASED, PENDING, TRAINED  # noqa: F401 (re-exported)
 from swarm.proto.rollouts import GroupResult
 
-#: How many expired leases are remembered for late pushes.
-MAX_EXPIRED_LEASES = 10_000
+PENDING, LEASED, HELD = GroupState.PENDING, GroupState.LEASED, GroupState.HELD
+COMPLETED, TRAINED, DROPPED = GroupState.COMPLETED, GroupState.TRAINED, GroupState.DROPPED
 
 
 @dataclass
@@ -52,17 +54,6 @@ class GroupSpec:
 
 
 @dataclass
-class LeaseRecord:
-    lease_id: str
-    peer_id: str
-    group_ids: list[str]
-    version: int
-    issued_at: float
-    deadline: float
-    open_groups: set[str] = field(default_factory=set)
-
-
-@dataclass
 class CompletedGroup:
     spec: GroupSpec
     result: GroupResult
@@ -70,8 +61,34 @@ class CompletedGroup:
     received_at: float
 
 
+@dataclass(frozen=True)
+class PeerWork:
+    """One peer's groups in the coordinator: open groups of its live leases, the newest adapter
+    version it is known to hold (from its leases and its untrained results) and the oldest
+    version among its results waiting to be trained (None: none wait)."""
+
+    leased_groups: int
+    newest_version: int
+    oldest_untrained: int | None
+
+
+@dataclass(frozen=True)
+class CoordinatorStats:
+    """A snapshot of the coordinator for readers (:meth:`Coordinator.statistics`)."""
+
+    #: Adapter version new leases are generated with.
+    version: int
+    ledger: LedgerStats
+    #: Results kept and not yet trained (held ones included).
+    buffered: int
+    #: Per peer with a live lease or an untrained result.
+    peers: dict[str, PeerWork]
+    failovers: dict[str, int]
+
+
 class Coordinator:
-    """Hands out leases of prompt groups and collects their rollouts."""
+    """Hands out leases of prompt groups and collects their rollouts; every change of a group's
+    state goes through its :class:`~learner.group_ledger.GroupLedger`."""
 
     def __init__(self, limits: Limits, lease_timeout_s: float, groups_per_lease: int,
                  buffer: ReplayBuffer | None = None,
@@ -82,15 +99,12 @@ class Coordinator:
         self.groups_per_lease = groups_per_lease
         #: Adapter version that new leases are generated with.
         self.version = 0
-        self.ledger: dict[str, str] = {}
-        self.specs: dict[str, GroupSpec] = {}
-        self.queue: deque[str] = deque()
-        self.leases: dict[str, LeaseRecord] = {}
+        #: Every group's state, the pending queue and the leases (read-only to everyone else).
+        self.ledger = GroupLedger(MAX_EXPIRED_LEASES)
+        self._specs: dict[str, GroupSpec] = {}
         self.completed: dict[str, CompletedGroup] = buffer.groups if buffer is not None else {}
         #: Groups dropped per reason since the last :meth:`take_drop_counts`.
         self.drop_counts: Counter[str] = Counter()
-        #: Expired leases, kept so a late push can still deliver groups nobody finished.
-        self.expired: dict[str, LeaseRecord] = {}
         #: Optional deeper check of an arriving group after :func:`validate_group`:
         #: ``verify(spec, result) -> reason or None`` (multi-turn runs replay the episodes).
         self.verify = verify
@@ -115,11 +129,12 @@ class Coordinator:
     # -- adding work ---------------------------------------------------------------------
     def add_groups(self, specs: list[GroupSpec]) -> None:
         for s in specs:
-            if s.group_id in self.ledger:
-                raise ValueError(f"group {s.group_id} was already added")
-            self.specs[s.group_id] = s
-            self.ledger[s.group_id] = PENDING
-            self.queue.append(s.group_id)
+            self.ledger.add(s.group_id)
+            self._specs[s.group_id] = s
+
+    def spec(self, group_id: str) -> GroupSpec:
+        """The prompt group ``group_id`` (``KeyError`` if it was never added)."""
+        return self._specs[group_id]
 
     def set_version(self, version: int) -> None:
         self.version = version
@@ -128,100 +143,81 @@ class Coordinator:
 
     def in_flight(self) -> int:
         """Groups added but not yet trained or dropped (pending, leased, held or completed)."""
-        return sum(state in (PENDING, LEASED, HELD, COMPLETED) for state in self.ledger.values())
+        return self.ledger.in_flight()
+
+    def open_problem_refs(self) -> list[str]:
+        """The problems of every group not yet trained or dropped, in the order they were added."""
+        return [self._specs[g].problem_ref for g in self.ledger.open_groups()]
 
     # -- leases ----------------------------------------------------------------------------
     def lease(self, peer_id: str, max_groups: int, now: float, limit: int | None = None) -> LeaseRecord | None:
         """Take up to ``max_groups`` pending groups for ``peer_id``; ``None`` if none wait.
         ``limit`` replaces ``groups_per_lease`` (a pipeline head's groups in flight)."""
         self.expire(now)
-        held = sum(le.peer_id == peer_id for le in self.leases.values())
+        held = self.ledger.leases_held(peer_id)
         n = self.probation.lease_size(peer_id, max(1, min(max_groups, self.groups_per_lease if limit is None else limit)),
                                       held)
-        taken: list[str] = []
-        skipped: list[str] = []  # groups this peer's results were refused for, or it let expire: left to others
-        while self.queue and len(taken) < n:
-            gid = self.queue.popleft()
-            if self.ledger.get(gid) != PENDING:
-                continue
-            if peer_id in self.refused_by.get(gid, ()) or self.probation.keeps_from(gid, peer_id, now,
-                                                                                     self.lease_timeout_s):
-                skipped.append(gid)
-            else:
-                taken.append(gid)
-        self.queue.extendleft(reversed(skipped))
+        # groups this peer's results were refused for, or it let expire, are left to others
+        taken = self.ledger.take_pending(n, lambda gid: peer_id in self.refused_by.get(gid, ())
+                                         or self.probation.keeps_from(gid, peer_id, now, self.lease_timeout_s))
         backup = not taken and n > 0 and held == 0
         if backup:  # nothing pending: back up a group held by a peer on probation (lease_rules.py)
-            taken = backup_groups(peer_id, n, self.leases.values(), self.ledger, self.probation, LEASED, now)
+            taken = backup_groups(peer_id, n, self.ledger.leases.values(), self.ledger, self.probation, LEASED, now)
         if not taken:
             return None
-        lease = LeaseRecord(
-            lease_id=f"L{next(self._ids)}",
-            peer_id=peer_id,
-            group_ids=taken,
-            version=self.version,
-            issued_at=now,
-            deadline=now + self.lease_timeout_s,
-            open_groups=set(taken),
-        )
-        for gid in taken:
-            self.ledger[gid] = LEASED
-            if backup:
+        lease = self.ledger.open_lease(f"L{next(self._ids)}", peer_id, taken, self.version, now,
+                                       now + self.lease_timeout_s)
+        if backup:
+            for gid in taken:
                 self.notes.setdefault(gid, []).append(f"backup lease ({lease.lease_id})")
-        self.backups += len(taken) if backup else 0
-        self.leases[lease.lease_id] = lease
+            self.backups += len(taken)
         return lease
 
     def expire(self, now: float) -> list[str]:
         """Return the groups of leases past their deadline to the front of the queue."""
         requeued: list[str] = []
-        for lid in [lid for lid, lease in self.leases.items() if lease.deadline <= now]:
-            lease = self.leases.pop(lid)
+        for lid in self.ledger.due(now):
+            lease = self.ledger.end_lease(lid, expired=True)
+            assert lease is not None
             self.probation.expired(lease.peer_id, lease.open_groups, now)
-            requeued += self._release(lease)
-            self.expired[lid] = lease
-            while len(self.expired) > MAX_EXPIRED_LEASES:
-                self.expired.pop(next(iter(self.expired)))
+            requeued += self._requeue_open(lease, lease.group_ids)
         return requeued
 
     def release_peer(self, peer_id: str) -> list[str]:
         """A peer is known to be gone: re-queue its open groups now."""
         requeued: list[str] = []
-        for lid in [lid for lid, lease in self.leases.items() if lease.peer_id == peer_id]:
-            requeued += self._release(self.leases.pop(lid))
+        for lease in self.ledger.leases_of(peer_id):
+            self.ledger.end_lease(lease.lease_id)
+            requeued += self._requeue_open(lease, lease.group_ids)
         return requeued
 
-    def _release(self, lease: LeaseRecord) -> list[str]:
-        back = [g for g in lease.group_ids if g in lease.open_groups and self.ledger.get(g) == LEASED]
+    def _requeue_open(self, lease: LeaseRecord, group_ids: list[str]) -> list[str]:
+        """The groups of ``group_ids`` still open in ``lease`` and leased go back to the front
+        of the queue, in their order. Returns them."""
+        back = [g for g in group_ids if g in lease.open_groups and self.ledger.get(g) == LEASED]
         for gid in reversed(back):
-            self.ledger[gid] = PENDING
-            self.queue.appendleft(gid)
+            self.ledger.apply(gid, GroupEvent.REQUEUE)
         return back
 
     def release_groups(self, peer_id: str, lease_id: str, group_ids: list[str], reason: str) -> list[str]:
         """The holder of a lease says it cannot finish ``group_ids`` (a pipeline stage died and no
         spare was left): they go back to pending at once, at the front of the queue, instead of
         after the lease's expiry. Only the peer's own open groups move. Returns them."""
-        lease = self.leases.get(lease_id)
+        lease = self.ledger.leases.get(lease_id)
         if lease is None or lease.peer_id != peer_id:
             return []
-        back = [g for g in group_ids if g in lease.open_groups and self.ledger.get(g) == LEASED]
-        for gid in reversed(back):
-            lease.open_groups.discard(gid)
-            self.ledger[gid] = PENDING
-            self.queue.appendleft(gid)
+        back = self._requeue_open(lease, group_ids)
         for gid in back:
             self.notes.setdefault(gid, []).append(f"{reason} ({lease_id})")
+            self.ledger.close_group(lease, gid)
         if back:
             self.failovers[reason] += len(back)
-        if not lease.open_groups:
-            del self.leases[lease_id]
         return back
 
     def record_replayed(self, peer_id: str, lease_id: str, group_ids: list[str]) -> int:
         """Note that ``group_ids`` of ``peer_id``'s lease survived a lost stage by replay into a
         spare (they arrive as usual). Returns how many were noted."""
-        lease = self.leases.get(lease_id) or self.expired.get(lease_id)
+        lease = self.ledger.known_lease(lease_id)
         if lease is None or lease.peer_id != peer_id:
             return 0
         mine = [g for g in group_ids if g in lease.group_ids]
@@ -232,7 +228,7 @@ class Coordinator:
         return len(mine)
 
     def next_deadline(self) -> float | None:
-        return min((lease.deadline for lease in self.leases.values()), default=None)
+        return self.ledger.next_deadline()
 
     def next_backup_at(self, now: float) -> float | None:
         """The next time after ``now`` a lease held by a peer on probation becomes old enough to
@@ -240,7 +236,7 @@ class Coordinator:
         age = self.probation.backup_age()
         if age is None:
             return None
-        return min((le.issued_at + age for le in self.leases.values()
+        return min((le.issued_at + age for le in self.ledger.leases.values()
                     if le.issued_at + age > now and self.probation.on_probation(le.peer_id)), default=None)
 
     # -- results ---------------------------------------------------------------------------
@@ -248,21 +244,19 @@ class Coordinator:
         self, peer_id: str, lease_id: str, results: list[GroupResult], now: float
     ) -> tuple[list[str], dict[str, str]]:
         """Accept the valid groups of a push. Returns (accepted group ids, rejections)."""
-        lease = self.leases.get(lease_id)
+        lease = self.ledger.known_lease(lease_id)
         accepted: list[str] = []
         rejected: dict[str, str] = {}
-        if lease is None:
-            lease = self.expired.get(lease_id)
         for r in results:
             reason = self._reason(r, lease, peer_id)
             if reason is not None:
                 rejected[r.group_id] = reason
                 self._requeue_rejected(r.group_id, lease, peer_id, reason)
                 continue
-            if lease is not None:
-                lease.open_groups.discard(r.group_id)
-            group = CompletedGroup(self.specs[r.group_id], r, peer_id, now)
-            self.ledger[r.group_id] = COMPLETED
+            assert lease is not None
+            self.ledger.apply(r.group_id, GroupEvent.ACCEPT)
+            self.ledger.close_group(lease, r.group_id)
+            group = CompletedGroup(self._specs[r.group_id], r, peer_id, now)
             if self.buffer is None:
                 self.completed[r.group_id] = group
             else:
@@ -272,8 +266,6 @@ class Coordinator:
                     rejected[r.group_id] = f"{drops[r.group_id]}: made with v{r.version}, learner at v{self.version}"
                     continue
             accepted.append(r.group_id)
-        if lease is not None and lease.lease_id in self.leases and not lease.open_groups:
-            del self.leases[lease.lease_id]
         if accepted:
             self.probation.accepted(peer_id, now - lease.issued_at if lease is not None else math.nan)
         return accepted, rejected
@@ -281,11 +273,9 @@ class Coordinator:
     def refuse_push(self, peer_id: str, lease_id: str, group_ids: list[str], reason: str) -> dict[str, str]:
         """Refuse a whole push unread (e.g. the peer is over its push rate): its open groups go
         back to pending at once. Returns the per-group rejections for the ack."""
-        lease = self.leases.get(lease_id)
+        lease = self.ledger.leases.get(lease_id)
         for gid in group_ids:
             self._requeue_rejected(gid, lease, peer_id, reason)
-        if lease is not None and lease.peer_id == peer_id and not lease.open_groups:
-            self.leases.pop(lease_id, None)
         return {gid: reason for gid in group_ids}
 
     def revoke_peer(self, peer_id: str, reason: str) -> list[str]:
@@ -342,7 +332,7 @@ class Coordinator:
             gid = g.spec.group_id
             if self.ledger.get(gid) == TRAINED:
                 self.completed[gid] = g
-                self.ledger[gid] = COMPLETED
+                self.ledger.apply(gid, GroupEvent.UNTRAIN)
                 out.append(gid)
         return out
 
@@ -352,20 +342,18 @@ class Coordinator:
         self.completed.pop(gid, None)
         self.drop_counts[reason] += 1
         self.discarded[reason] += 1
-        self.ledger[gid] = PENDING
-        self.queue.appendleft(gid)
+        self.ledger.apply(gid, GroupEvent.DISCARD)
 
     def _requeue_rejected(self, gid: str, lease: LeaseRecord | None, peer_id: str, reason: str) -> None:
         """A result refused on its merits: its group goes back to pending at once (front of
         the queue) instead of waiting for the lease to expire."""
-        if (lease is None or self.leases.get(lease.lease_id) is not lease or lease.peer_id != peer_id
+        if (lease is None or self.ledger.leases.get(lease.lease_id) is not lease or lease.peer_id != peer_id
                 or gid not in lease.group_ids
                 or gid not in lease.open_groups or self.ledger.get(gid) != LEASED):
             return  # not this peer's open group: nothing of it to give back
-        lease.open_groups.discard(gid)
         self.refused_by.setdefault(gid, set()).add(peer_id)
-        self.ledger[gid] = PENDING
-        self.queue.appendleft(gid)
+        self.ledger.apply(gid, GroupEvent.REQUEUE)
+        self.ledger.close_group(lease, gid)
         self.rejections[reason.split(":")[0].split(" ")[0]] += 1
 
     def _reason(self, r: GroupResult, lease: LeaseRecord | None, peer_id: str) -> str | None:
@@ -376,11 +364,11 @@ class Coordinator:
         state = self.ledger.get(r.group_id)
         if state in (HELD, COMPLETED, TRAINED):
             return "already_completed"
-        if state is None or state.startswith("dropped"):
-            return f"group_not_open ({state})"
+        if state is None or state is DROPPED:
+            return f"group_not_open ({self.ledger.label(r.group_id)})"
         reason = validate_group(r, lease, self.limits)
         if reason is None and self.verify is not None:
-            reason = self.verify(self.specs[r.group_id], r)
+            reason = self.verify(self._specs[r.group_id], r)
         return reason
 
     # -- batches ---------------------------------------------------------------------------
@@ -394,9 +382,9 @@ class Coordinator:
         out = []
         for gid in group_ids:
             if self.ledger.get(gid) != COMPLETED:
-                raise ValueError(f"group {gid} is {self.ledger.get(gid)}, not completed")
+                raise ValueError(f"group {gid} is {self.ledger.label(gid)}, not completed")
             out.append(self.completed.pop(gid))
-            self.ledger[gid] = TRAINED
+            self.ledger.apply(gid, GroupEvent.TRAIN)
         return out
 
     def take_batch(self, n: int) -> list[CompletedGroup]:
@@ -407,7 +395,7 @@ class Coordinator:
         taken, drops = self.buffer.take(n, self.version, skip=self.held)
         self._record_drops(drops)
         for gid, _ in taken:
-            self.ledger[gid] = TRAINED
+            self.ledger.apply(gid, GroupEvent.TRAIN)
         return [g for _, g in taken]
 
     def ready(self) -> int:
@@ -423,7 +411,7 @@ class Coordinator:
     def _record_drops(self, drops: dict[str, str]) -> None:
         for gid, reason in drops.items():
             self.hold_book.forget(gid)
-            self.ledger[gid] = f"dropped:{reason}"
+            self.ledger.apply(gid, GroupEvent.DROP, reason)
             self.drop_counts[reason] += 1
 
     def take_drop_counts(self) -> dict[str, int]:
@@ -431,7 +419,18 @@ class Coordinator:
         return out
 
     def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for state in self.ledger.values():
-            out[state] = out.get(state, 0) + 1
-        return out
+        """Groups per state, dropped ones as ``dropped:<reason>`` (what ``ledger.json`` holds)."""
+        return self.ledger.counts()
+
+    def statistics(self) -> CoordinatorStats:
+        """A snapshot for readers (the dashboard, the report): nothing in it changes later."""
+        ledger = self.ledger.statistics()
+        newest = {p: pl.newest_version for p, pl in ledger.peers.items()}
+        oldest: dict[str, int] = {}
+        for group in self.completed.values():
+            v = group.result.version
+            newest[group.peer_id] = max(newest.get(group.peer_id, -1), v)
+            oldest[group.peer_id] = min(oldest.get(group.peer_id, v), v)
+        peers = {p: PeerWork(ledger.peers[p].open_groups if p in ledger.peers else 0, v, oldest.get(p))
+                 for p, v in newest.items()}
+        return CoordinatorStats(self.version, ledger, len(self.completed), peers, dict(self.failovers))

@@ -17,7 +17,8 @@ import trio
 
 from learner.config import NetworkConfig
 from learner.metrics import first_reaching, read_metrics, rolling_mean
-from learner.pipelines import describe_pipelines, pipeline_settings
+from learner.pipelines import pipeline_settings
+from learner.stage_requests import describe_pipelines
 from swarm.pipeline.allocate import RunSpec, end_costs
 
 #: Seconds a node gets to exit by itself after the run before it is terminated.

@@ -18,9 +18,7 @@ times and tell late nodes (``DISSEM_MANIFEST``) which peers to fetch from.
 
 Pipeline stages: after :meth:`LearnerDissem.set_layer_ranges`, every published version also
 gets one signed manifest per registered layer range, holding only that range's tensors
-(``swarm.pipeline.layers.slice_for_range``), encoded exactly as the whole adapter's (the
-codecs work per tensor, so a slice decodes bit-identically to the same tensors of the whole
-version, delta versions included). Nodes that registered a range form that range's own plan:
+(encoding and signing: :mod:`learner.dissem_encode`). Nodes that registered a range form that range's own plan:
 they receive, relay and serve only their range's chunks. A node whose range has no manifest
 is pushed nothing and told why when it asks (``ManifestReply.reason``).
 """
@@ -32,32 +30,33 @@ import logging
 import math
 import random
 import time
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import trio
 
 from learner.adapter_versions import AdapterVersions
 from learner.config import DissemConfig
+from learner.dissem_encode import AdapterEncoder
+from learner.dissem_report import DissemStats, dissem_stats
 from learner.dissem_report import summary as dissem_summary
 from learner.links import LearnerLinks
 from learner.relay_rates import RelayRates
 from common.lora import LoraAdapter
 from swarm.dissem.broadcast import BroadcastSettings, Disseminator, to_subtree
 from swarm.dissem.instructions import build_instructions, sign_instructions
-from swarm.dissem.codec import CodecConfig
-from swarm.dissem.manifest import (
-    LayerRange, build_version, decode_version, describe, normalise_ranges, range_of, sign_manifest,
-)
+from swarm.dissem.manifest import LayerRange, describe, normalise_ranges, range_of
 from swarm.dissem.store import Assembly, VersionStore
 from swarm.discovery.reach import Reach, dial_back, remote_ip_of
 from swarm.discovery.links import Links
 from swarm.dissem.tree import Member, Plan, build_plan, link_dials, split_by_range
-from swarm.pipeline.layers import slice_for_range
 from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
 from swarm.proto.adapter import AdapterReply
 from swarm.proto.dissem import (
-    DissemJoin, DissemJoinAck, HaveAck, HaveVersion, Manifest, ManifestReply, ManifestRequest, PeerRef,
+    DissemJoin, DissemJoinAck, HaveAck, HaveVersion, ManifestReply, ManifestRequest, PeerRef,
 )
+
+if TYPE_CHECKING:
+    from swarm.host import SwarmHost
 
 log = logging.getLogger("echo_swarm.learner")
 
@@ -70,7 +69,7 @@ MAX_HOLDERS_REPLY = 32
 
 
 class LearnerDissem:
-    def __init__(self, host, cfg: DissemConfig, run_id: str, *,
+    def __init__(self, host: SwarmHost, cfg: DissemConfig, run_id: str, *,
                  on_encoded: Callable[[AdapterReply], None] | None = None,
                  admit: Callable[[str], bool] | None = None,
                  reads: Callable[[str], str | None] | None = None) -> None:
@@ -80,7 +79,7 @@ class LearnerDissem:
         #: only a private run refuses, ``learner.admission.ReadAccess.refusal``).
         self.reads = reads
         self.run_id = run_id
-        self.codec = CodecConfig(cfg.codec, cfg.int8_block, cfg.zstd_level)
+        self.encoder = AdapterEncoder(run_id, host.peer_id, host.private_key, cfg)
         self.store = VersionStore(host.peer_id, run_id, keep=KEEP_VERSIONS)
         self.settings = BroadcastSettings(stall_timeout_s=cfg.stall_timeout_s)
         self.dis = Disseminator(host, self.store, self.settings, on_unreachable=self.drop,
@@ -92,13 +91,10 @@ class LearnerDissem:
         self.have: dict[int, dict[str, HaveVersion]] = {}
         #: version -> wall time its broadcast started.
         self.started_at: dict[int, float] = {}
-        self._recon: tuple[int, dict] | None = None
         #: Layer range (None: the whole adapter) -> (membership key, its plan).
         self._plans: dict[LayerRange, tuple[tuple, Plan]] = {}
         #: Layer ranges that get their own manifest per version (:meth:`set_layer_ranges`).
         self.ranges: list[tuple[int, int]] = []
-        #: Layer range -> the newest version published with a manifest for it.
-        self._range_published: dict[tuple[int, int], int] = {}
         self._send, self._recv = trio.open_memory_channel(math.inf)
         self._nursery: trio.Nursery | None = None
         #: Receives each submitted version's direct-fetch reply once it is encoded.
@@ -193,6 +189,19 @@ class LearnerDissem:
         if self.members.pop(peer_id, None) is not None:
             log.warning("dissem: dropped unreachable node %s from the broadcast plan", peer_id[-6:])
 
+    def forget(self, peer_id: str) -> None:
+        """``peer_id`` is gone (the learner forgot it): out of the plans, its measurements too."""
+        self.rates.forget(peer_id)
+        self.links.forget(peer_id)
+        self.reach.pop(peer_id, None)
+        if self.members.pop(peer_id, None) is not None:
+            self._notify()
+
+    def current_plan(self, layer_range: LayerRange = None) -> Plan | None:
+        """The broadcast plan last used for ``layer_range`` (None: none yet)."""
+        held = self._plans.get(layer_range)
+        return held[1] if held is not None else None
+
     def link_snapshot(self, unmeasured: Iterable[str] = ()) -> Links | None:
         """The links the plans follow (None with ``links = false``: NAT'd nodes are learner-fed
         leaves); peers of ``unmeasured`` that no dial-back measured yet count as dialable."""
@@ -222,40 +231,10 @@ class LearnerDissem:
         return held[1]
 
     # -- publishing -------------------------------------------------------------------------
-    def encode(self, adapter: LoraAdapter) -> tuple[Manifest, list[bytes], dict]:
-        """Encode and sign one version (CPU work: run it in a thread)."""
-        base = None
-        if self.cfg.delta and self._recon is not None and self._recon[0] < adapter.version:
-            base = self._recon
-        manifest, chunks = build_version(
-            run_id=self.run_id, version=adapter.version, rank=adapter.rank, alpha=adapter.alpha,
-            target_modules=list(adapter.target_modules), tensors=adapter.tensors, codec=self.codec,
-            chunk_bytes=self.cfg.chunk_bytes, signer=self.host.peer_id,
-            base=base[1] if base else None, base_version=base[0] if base else -1,
-        )
-        sign_manifest(manifest, self.host.private_key())
-        recon = decode_version(manifest, b"".join(chunks), base[1] if base else None)
-        return manifest, chunks, recon
-
-    def encode_range(self, adapter: LoraAdapter, rng: tuple[int, int]) -> tuple[Manifest, list[bytes]]:
-        """Encode and sign the manifest of ``rng``'s slice of ``adapter``: a delta to the
-        previous version's slice when the whole adapter is delta-encoded and that version had
-        a manifest for ``rng`` too (CPU work: run it in a thread)."""
-        base = None
-        if self.cfg.delta and self._recon is not None and self._recon[0] < adapter.version \
-                and self._range_published.get(rng) == self._recon[0]:
-            base = (self._recon[0], slice_for_range(self._recon[1], *rng))
-        manifest, chunks = build_version(
-            run_id=self.run_id, version=adapter.version, rank=adapter.rank, alpha=adapter.alpha,
-            target_modules=list(adapter.target_modules), tensors=slice_for_range(adapter.tensors, *rng),
-            codec=self.codec, chunk_bytes=self.cfg.chunk_bytes, signer=self.host.peer_id,
-            base=base[1] if base else None, base_version=base[0] if base else -1, layers=rng,
-        )
-        return sign_manifest(manifest, self.host.private_key()), chunks
-
-    def _encode_all(self, adapter: LoraAdapter, ranges: list[tuple[int, int]]):
-        manifest, chunks, recon = self.encode(adapter)
-        return manifest, chunks, recon, {r: self.encode_range(adapter, r) for r in ranges}
+    def reconfigure(self, cfg: DissemConfig) -> None:
+        """Publish the next versions with ``cfg`` (a benchmark's trials; the plans follow it too)."""
+        self.cfg = cfg
+        self.encoder = AdapterEncoder(self.run_id, self.host.peer_id, self.host.private_key, cfg)
 
     async def publish(self, adapter: LoraAdapter, members: list[str] | None = None) -> AdapterReply:
         """Encode, sign and start broadcasting ``adapter`` to ``members`` (default: all
@@ -265,19 +244,18 @@ class LearnerDissem:
         if self._nursery is None:
             raise RuntimeError("LearnerDissem.run is not running")
         ranges = list(self.ranges)
-        manifest, chunks, recon, parts = await trio.to_thread.run_sync(self._encode_all, adapter, ranges)
-        self._recon = (adapter.version, recon)
-        asms: dict[LayerRange, Assembly] = {None: self.store.add(Assembly(manifest, chunks))}
-        for rng, (m, c) in parts.items():
-            asms[rng] = self.store.add(Assembly(m, c))
-            self._range_published[rng] = adapter.version
+        encoded = await trio.to_thread.run_sync(self.encoder.encode_all, adapter, ranges)
+        self.encoder.commit(adapter.version, encoded)
+        asms: dict[LayerRange, Assembly] = {None: self.store.add(Assembly(encoded.manifest, encoded.chunks))}
+        for part, (m, c) in encoded.parts.items():
+            asms[part] = self.store.add(Assembly(m, c))
         self.have.setdefault(adapter.version, {})
         for v in sorted(self.have)[:-KEEP_REPORTS]:
             del self.have[v]
             self.started_at.pop(v, None)
         chosen = [self.members[p] for p in (members if members is not None else list(self.members))
                   if p in self.members]
-        groups = {None: [], **{r: [] for r in ranges}, **split_by_range(chosen)}
+        groups: dict[LayerRange, list[Member]] = {None: [], **{r: [] for r in ranges}, **split_by_range(chosen)}
         self.started_at[adapter.version] = time.time()
         relays: set[str] = set()
         links = self.link_snapshot()
@@ -295,7 +273,7 @@ class LearnerDissem:
             self._nursery.start_soon(self._push, asm, plan, holders, links, group)
             self._nursery.start_soon(self._watch, asm, plan, group, holders)
         self.relays[adapter.version] = sorted(relays)
-        return _reply(adapter, recon)
+        return _reply(adapter, encoded.recon)
 
     async def _push(self, asm: Assembly, plan: Plan, holders: list[PeerRef], links: Links | None,
                     group: list[Member]) -> None:
@@ -400,10 +378,15 @@ class LearnerDissem:
             return f"v{version} is not held by the learner (held: {sorted({v for v, _ in self.store.versions})})"
         return f"v{version} was published before {describe(rng)} got manifests"
 
+    def statistics(self, versions: int = KEEP_REPORTS) -> DissemStats:
+        """A snapshot for readers (the dashboard): members, the newest ``versions`` deliveries, the tree."""
+        return dissem_stats(self.cfg, self.members, self.reach, self.have, self.started_at, self.current_plan(),
+                            self.link_summary().get("roles", {}), versions)
+
     def summary(self) -> dict:
         """Members with their measured reachability and link roles, each version's planned relays
         and the nodes' completion reports, for ``dissem.json`` (:func:`learner.dissem_report.summary`)."""
-        return dissem_summary(self)
+        return dissem_summary(self.members, self.reach, self.relays, self.have, self.link_summary())
 
     def link_summary(self) -> dict:
         """Each member's role (relay or leaf, and why), the punched pairs and the reversals asked for."""
@@ -431,7 +414,7 @@ def _reply(adapter: LoraAdapter, tensors: dict) -> AdapterReply:
     return AdapterReply.from_adapter(dataclasses.replace(adapter, tensors=tensors))
 
 
-async def start_learner_dissem(nursery: trio.Nursery, host, cfg: DissemConfig, run_id: str, versions: AdapterVersions,
+async def start_learner_dissem(nursery: trio.Nursery, host: SwarmHost, cfg: DissemConfig, run_id: str, versions: AdapterVersions,
                                admit: Callable[[str], bool],
                                reads: Callable[[str], str | None] | None = None) -> LearnerDissem:
     """Start the dissemination service: versions the learner publishes are pushed to the peers

@@ -1,21 +1,21 @@
 """Holds (verification after the ack, ``learner/verify_queue.py``): the accepted groups of a
 push whose sampled groups are being re-scored are ``held`` under one hold id until the check
 passes (:meth:`HoldBook.release`: completed, trainable) or fails (the coordinator throws them
-away). A part of :class:`learner.coordinator.Coordinator`, which owns the ledger it shares
-with the book and makes every hold id."""
+away). A part of :class:`learner.coordinator.Coordinator`, which makes every hold id; the book
+moves groups only through the coordinator's :class:`~learner.group_ledger.GroupLedger`."""
 
 from __future__ import annotations
 
 from typing import Callable
 
-from learner.ledger_states import COMPLETED, HELD
+from learner.group_ledger import GroupEvent, GroupLedger, GroupState
 
 
 class HoldBook:
-    """Which groups are held under which hold; moves them between ``completed`` and ``held``
-    in the shared ``ledger``."""
+    """Which groups are held under which hold; asks the ``ledger`` to move them between
+    ``completed`` and ``held``."""
 
-    def __init__(self, ledger: dict[str, str], new_id: Callable[[], str]) -> None:
+    def __init__(self, ledger: GroupLedger, new_id: Callable[[], str]) -> None:
         self.ledger = ledger
         self.new_id = new_id
         #: Pushes waiting for verification: hold id -> its groups still ``held`` ...
@@ -27,12 +27,12 @@ class HoldBook:
         """Keep the completed ``group_ids`` (one push's accepted groups) from training until
         :meth:`release`: under a new hold, or added to hold ``into`` while it still holds
         groups. Returns the hold id, or ``None`` if none of them is completed."""
-        gids = [g for g in group_ids if self.ledger.get(g) == COMPLETED and g not in self.held]
+        gids = [g for g in group_ids if self.ledger.get(g) is GroupState.COMPLETED and g not in self.held]
         if not gids:
             return None
         hold_id = into if into is not None and self.holds.get(into) else self.new_id()
         for gid in gids:
-            self.ledger[gid] = HELD
+            self.ledger.apply(gid, GroupEvent.HOLD)
             self.held[gid] = hold_id
         self.holds.setdefault(hold_id, []).extend(gids)
         return hold_id
@@ -47,13 +47,15 @@ class HoldBook:
         gids = self.holds.pop(hold_id, [])
         for gid in gids:
             del self.held[gid]
-            self.ledger[gid] = COMPLETED
+            self.ledger.apply(gid, GroupEvent.VERIFY)
         return gids
 
     def forget(self, gid: str) -> None:
         """``gid`` leaves its hold (its result is thrown away or dropped by the coordinator)."""
         hold_id = self.held.pop(gid, None)
-        rest = self.holds.get(hold_id) if hold_id is not None else None
+        if hold_id is None:
+            return
+        rest = self.holds.get(hold_id)
         if rest is not None:
             rest.remove(gid)
             if not rest:

@@ -21,6 +21,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
+from learner.roster import NodeRoster
 from swarm.discovery.keys import check_run_name, run_key, slug
 
 log = logging.getLogger("echo_swarm.learner")
@@ -126,8 +127,8 @@ def peers_to_remember(addrs_by_peer: dict[str, list[str]]) -> list[str]:
     return out
 
 
-async def keep_peers(key_dir, service, every_s: float = REMEMBER_EVERY_S) -> None:
-    """Save the addresses of the nodes that said hello to ``key_dir/peers.json`` whenever
+async def keep_peers(key_dir: Path, roster: NodeRoster, every_s: float = REMEMBER_EVERY_S) -> None:
+    """Save the addresses of the nodes that said hello (``roster``) to ``key_dir/peers.json`` whenever
     they changed, checked every ``every_s`` seconds (run it in a nursery)."""
     import trio
 
@@ -135,7 +136,7 @@ async def keep_peers(key_dir, service, every_s: float = REMEMBER_EVERY_S) -> Non
     last: list[str] = []
     while True:
         await trio.sleep(every_s)
-        addrs = peers_to_remember({p: list(n.hello.addrs) for p, n in service.nodes.items()})
+        addrs = peers_to_remember(roster.addrs())
         if addrs and addrs != last:
             tmp = path.with_name(f".{PEERS_FILE}.tmp")
             try:

@@ -80,10 +80,10 @@ def run_ranks(cfg: Any, run_dir: Path, resume: bool, run_learner_main: Callable[
                 trainer.stop_followers()
             return rc
         resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None, cfg.model.revision)
-        trainer = build_trainer(resolved, cfg, ctx)  # a follower's trainer is not wrapped
-        console(f"learner rank {ctx.rank}/{ctx.world}: following rank 0 (no libp2p host); {trainer.describe()}")
+        follower = build_trainer(resolved, cfg, ctx)  # a follower's trainer is not wrapped
+        console(f"learner rank {ctx.rank}/{ctx.world}: following rank 0 (no libp2p host); {follower.describe()}")
         try:
-            steps = follower_loop(trainer, ctx, console)
+            steps = follower_loop(follower, ctx, console)
         except SequenceTooLongError as e:
             print(f"swarm-learner rank {ctx.rank}: training stopped: {e}", file=sys.stderr)
             return 2

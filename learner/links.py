@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Set as AbstractSet
 from typing import Iterable, Mapping
 
 import trio
@@ -101,7 +102,7 @@ class LearnerLinks:
         self._told.pop(peer, None)
 
     def snapshot(self, dialable: Iterable[str], why_not: Mapping[str, str] | None = None) -> Links:
-        return links_from(dialable, list(self.punches), why_not, [tuple(p) for p in self.lan])
+        return links_from(dialable, list(self.punches), why_not, [(a, b) for a, b in map(sorted, self.lan)])
 
     def log_roles(self, links: Links, peers: Iterable[str]) -> None:
         """Log each node's role (relay or leaf, and why) when it changed."""
@@ -201,7 +202,7 @@ class LearnerLinks:
             return True
         return False
 
-    async def tell_roles(self, reason: str, skip: set[str] = frozenset()) -> None:
+    async def tell_roles(self, reason: str, skip: AbstractSet[str] = frozenset()) -> None:
         """Tell each node (but ``skip``) whose role changed since it was last told: a dial request
         naming no peer, whose reason the node logs; once per change, all at once, under
         :data:`TELL_TIMEOUT_S` (a silent node delays no later push)."""

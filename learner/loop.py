@@ -35,8 +35,10 @@ from learner.metrics import MetricsWriter, plot_rewards, progress_line, rolling_
 from learner.model_serve import start_model_serve
 from learner.models import llamacpp_form, load_tokenizer, resolve_model
 from learner.ledger import WorkLedger
-from learner.pipelines import pipeline_settings, stage_alive
+from learner.pipelines import pipeline_settings
+from learner.stage_requests import stage_alive
 from learner.replay_llamacpp import build_replay
+from learner.roster import NodeRoster
 from learner.report_to import build_sinks
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from learner.steps import StepContext, async_step, sequential_step
@@ -138,31 +140,31 @@ async def run_learner(
     identity_dir = Path(data_dir) if data_dir is not None else run_dir / "identity"
     async with open_host(identity_dir, listen_addr=cfg.network.listen, config=host_cfg,
                          announce=cfg.network.announce) as host, open_discovery(host) as discovery:
-        nodes: dict = {}
+        roster = NodeRoster()  # the nodes that said hello
         admission = build_admission(cfg.network, run_dir / "identity")
-        access = ReadAccess(admission, nodes.__contains__,  # who may read a private run's content
+        access = ReadAccess(admission, roster.is_member,  # who may read a private run's content
                             issuer=TicketIssuer(host.private_key(), host.peer_id, run_id))  # members' tickets
         model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, cfg.model.name,
                                               cache_root(cfg.model.cache_dir or None), access=access, gguf=gguf)
         console(f"learner: base model {cfg.model.name} sha256 {model_serve.content_sha256[:12]}")
         versions, ledger = AdapterVersions(), WorkLedger()
-        replay = build_replay(cfg, resolved.gguf_path, versions, nodes)  # exact checks (learner/replay.py)
+        replay = build_replay(cfg, resolved.gguf_path, versions, roster.numerics_of)  # exact checks (learner/replay.py)
         if replay is not None:
             await trio.to_thread.run_sync(replay.open)
         async with trio.open_nursery() as nursery:
             nat = NatService(host, cfg.nat)  # relay for NAT'd nodes, hole punching (swarm/nat)
             await nursery.start(nat.run)
             dissem = await start_learner_dissem(nursery, host, cfg.dissem, run_id, versions,
-                                                admit=nodes.__contains__, reads=access.refusal)
+                                                admit=roster.is_member, reads=access.refusal)
             service = LearnerService(
                 coord, service_settings(cfg, run_id, name, model_serve.content_sha256),
-                versions=versions, nodes=nodes, admission=admission,
+                versions=versions, roster=roster, admission=admission,
                 verifier=verifier, episode=episodes, dissem=dissem, model_serve=model_serve, console=console,
                 probe=lambda peer: stage_alive(host, peer), ledger=ledger, replay=replay,
                 validators=cfg.validators)
             service.register(host)
             # each node's own credit, asked by `swarm-node status` (swarm/proto/contrib.py)
-            ContribDesk(ledger, lambda p: nodes[p].hello.name if p in nodes else None, run_id, name).register(host)
+            ContribDesk(ledger, lambda p: roster.name_of(p) if p in roster else None, run_id, name).register(host)
             if on_service is not None:
                 on_service(service)
             nursery.start_soon(service.expiry_loop)
@@ -170,7 +172,7 @@ async def run_learner(
             await start_learner_dashboard(nursery, cfg, service, metrics, state, run_dir, console)
             service.publish(AdapterReply.from_adapter(trainer.export_adapter(state.version)))
             nursery.start_soon(join_swarm, host, discovery, cfg.network.bootstrap, console, identity_dir)
-            nursery.start_soon(keep_peers, identity_dir, service)  # remembered for the next start
+            nursery.start_soon(keep_peers, identity_dir, roster)  # remembered for the next start
             await announce_run(host, discovery, name)
             console(f"learner: listening on {host.peer_id} {' '.join(host.addrs)}")
             console(join_line(name, host.peer_id, host.addrs[0]))

@@ -168,7 +168,7 @@ class LearnerModelServe:
         if before is not None and (before.complete, before.chunks) > (msg.complete, msg.chunks):
             return ModelHaveAck()  # a late progress report: what the node holds only grows
         if not self._greeted(peer_id):
-            if self.access.private:
+            if self.access is not None and self.access.private:
                 return ModelHaveAck(ok=False)
             ungreeted = [p for p in self.holders if p != peer_id and not self._greeted(p)]
             for p in ungreeted[:max(0, len(ungreeted) - MAX_UNGREETED_HOLDERS + 1)]:

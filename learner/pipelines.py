@@ -12,15 +12,19 @@ questions about a stage node that polls for work:
   holds its assigned range for this pipeline at the lease's version (:func:`pipeline_ready`,
   the pure gate)?
 
-Whole-model nodes (llama.cpp, or torch/MLX nodes that hold the model) are planned too, as
-one-stage pipelines, for the report; they keep being served by the ordinary work path.
+Whole-model nodes (llama.cpp, or torch/MLX nodes that hold the model) are listed as one-stage
+pipelines for the report (:meth:`PipelineManager.summary`); they keep being served by the ordinary
+work path and never cause a re-plan: only stage nodes are planned, so a hello from a whole-model
+node costs O(1) however many nodes joined before it (the planner re-planned over every node on
+every hello before). The members are forgotten with the node roster's idle nodes
+(:meth:`PipelineManager.leave`), and the plan history the report keeps is bounded.
 Stage nodes the plan leaves over are made *replicas*: they load a copy of one hop's range
 (the one the fewest copies cover that fits them) and are listed as that hop's spares, so a
 head can replay a lost stage's inputs into them.
 
-:func:`stage_adapter` slices a published adapter for a stage's direct fetch and
-:func:`stage_report` handles a head's failover report; a stage node's long poll is
-:meth:`learner.work_desk.WorkDesk.stage_work`.
+The stage protocol's requests (a stage's direct adapter fetch, a head's failover report, the
+learner's probe of a stage reported lost) are in :mod:`learner.stage_requests`; a stage node's
+long poll is :meth:`learner.work_desk.WorkDesk.stage_work`.
 """
 
 from __future__ import annotations
@@ -28,21 +32,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-import trio
-
-
-from swarm.pipeline.allocate import (ModelSpec, NodeSpec, Plan, PlanConfig, RunSpec, Stage, end_costs,
-                                     form_pipelines, layer_capacity, replan)
-from swarm.chunks.streams import close_stream
-from swarm.errors import SwarmError
+from swarm.pipeline.allocate import (ModelSpec, NodeSpec, Pipeline, Plan, PlanConfig, RunSpec, Stage, build_pipeline,
+                                     end_costs, form_pipelines, layer_capacity, replan)
 from swarm.discovery.links import Links
-from swarm.pipeline.layers import slice_for_range
-from swarm.pipeline.proto import PIPELINE
-from swarm.proto.adapter import AdapterReply
-from swarm.proto.stage import RouteHop, StageAdapterRequest, StageAssignment, StageReport, StageReportAck
+from swarm.proto.stage import RouteHop, StageAssignment
 from swarm.proto.work import WorkRequest
 
 log = logging.getLogger("echo_swarm.learner")
@@ -51,6 +48,8 @@ log = logging.getLogger("echo_swarm.learner")
 STAGE_KEY, STAGE_MODEL_KEY = "stage", "stage_model"
 #: Bounds of a reported model geometry (decoder layers; bytes of any one tensor group).
 MAX_LAYERS, MAX_BYTES = 4096, 1 << 40
+#: Plans kept for the run's report (``swarm.json``'s ``pipeline_plans``), newest last.
+HISTORY_KEPT = 50
 
 
 @dataclass
@@ -91,6 +90,23 @@ class Member:
     held_version: int = -1
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """What the planner needs of a node's hello."""
+
+    memory_bytes: int
+    tokens_per_s: float
+    addrs: tuple[str, ...]
+    #: The stage geometry of a stage node's hello (None: a whole-model node).
+    model: ModelSpec | None
+
+    @classmethod
+    def from_hello(cls, hello: Any) -> Candidate:
+        """From a :class:`~swarm.proto.hello.Hello`; ``ValueError`` for a bad stage geometry."""
+        return cls(int(hello.memory_bytes), float(hello.tokens_per_s), tuple(hello.addrs),
+                   parse_stage_hello(hello.extra))
+
+
 def parse_stage_hello(extra: Mapping[str, str]) -> ModelSpec | None:
     """The model geometry of a stage-capable hello, or None for a whole-model node. Raises
     ``ValueError`` on a stage hello whose geometry does not parse."""
@@ -101,7 +117,8 @@ def parse_stage_hello(extra: Mapping[str, str]) -> ModelSpec | None:
         names = {f.name for f in dataclasses.fields(ModelSpec)}
         if not isinstance(raw, dict) or set(raw) - names:
             raise ValueError(f"unexpected fields {sorted(set(raw) - names) if isinstance(raw, dict) else raw}")
-        spec = ModelSpec(**{k: (float(v) if k == "head_compute_layers" else int(v)) for k, v in raw.items()})
+        fields: dict[str, Any] = {k: (float(v) if k == "head_compute_layers" else int(v)) for k, v in raw.items()}
+        spec = ModelSpec(**fields)
     except (TypeError, ValueError, OverflowError) as e:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"bad stage model geometry: {e}") from e
     sizes = (spec.layer_bytes, spec.embed_bytes, spec.head_bytes, spec.kv_bytes_per_token)
@@ -163,40 +180,56 @@ class PipelineManager:
         self.run = RunSpec(group_size=group_size, max_tokens=max_tokens + self.settings.prompt_tokens,
                            in_flight=self.settings.in_flight)
         self.model: ModelSpec | None = None
+        #: Stage nodes (the ones planned).
         self.members: dict[str, Member] = {}
+        #: Whole-model nodes (listed in the report as one-stage pipelines, never planned).
+        self._whole: dict[str, Member] = {}
         self.plan: Plan | None = None
         #: Pipeline key (its stages) -> id, stable while the pipeline is unchanged.
         self._ids: dict[tuple[Stage, ...], str] = {}
         self._next = 0
         #: peer -> (pipeline id, hop index) of the replica it serves.
         self.replicas: dict[str, tuple[str, Stage]] = {}
-        #: Every plan made, for the run's report: (time, summary).
-        self.history: list[dict[str, Any]] = []
+        #: The last :data:`HISTORY_KEPT` plans, for the run's report: time, why, the stage
+        #: pipelines, spares and replicas, and how many whole-model nodes were listed beside them.
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_KEPT)
         #: Called after every re-plan (the service: per-range manifests, wake the long polls).
         self.on_plan = on_plan
 
     # -- membership --------------------------------------------------------------------------
     def has_stages(self) -> bool:
-        return any(m.stage for m in self.members.values())
+        return bool(self.members)
 
     def is_stage(self, peer_id: str) -> bool:
-        m = self.members.get(peer_id)
-        return m is not None and m.stage
+        return peer_id in self.members
 
     def join(self, peer_id: str, hello: Any, now: float) -> None:
-        """Add (or refresh) a node from its hello; raises ``ValueError`` for a stage hello whose
-        model geometry is bad or differs from the other stage nodes'."""
-        model = parse_stage_hello(hello.extra)
+        """:meth:`enter` from a hello; ``ValueError`` for a bad stage geometry."""
+        self.enter(peer_id, Candidate.from_hello(hello), now)
+
+    def enter(self, peer_id: str, node: Candidate, now: float) -> None:
+        """Add (or refresh) a node; raises ``ValueError`` for a stage node whose model geometry
+        differs from the other stage nodes'. Only a stage node's entry (or a stage node coming
+        back as a whole-model one) re-plans."""
+        model = node.model
         if model is not None:
             if self.model is not None and model != self.model:
                 raise ValueError(f"stage geometry {model} differs from the run's {self.model}")
             self.model = model
-        spec = NodeSpec(peer_id, int(hello.memory_bytes), max(float(hello.tokens_per_s), 1e-3),
-                        whole_only=model is None)
-        self.members[peer_id] = Member(peer_id, spec, list(hello.addrs), model is not None, now)
-        self._replan(now, f"join {peer_id[-6:]}")
+        spec = NodeSpec(peer_id, node.memory_bytes, max(node.tokens_per_s, 1e-3), whole_only=model is None)
+        member = Member(peer_id, spec, list(node.addrs), model is not None, now)
+        if member.stage:
+            self._whole.pop(peer_id, None)
+            self.members[peer_id] = member
+            self._replan(now, f"join {peer_id[-6:]}")
+        else:
+            self._whole[peer_id] = member
+            if self.members.pop(peer_id, None) is not None:
+                self._replan(now, f"join {peer_id[-6:]} (whole model)")
 
     def leave(self, peer_id: str, now: float, why: str = "left") -> bool:
+        if self._whole.pop(peer_id, None) is not None:
+            return True
         if self.members.pop(peer_id, None) is None:
             return False
         self._replan(now, f"{why} {peer_id[-6:]}")
@@ -205,7 +238,7 @@ class PipelineManager:
     def sweep(self, now: float, busy: set[str]) -> list[str]:
         """Stage nodes silent for ``stale_s`` (and holding no lease) leave the plan."""
         gone = [p for p, m in self.members.items()
-                if m.stage and p not in busy and now - m.last_seen > self.settings.stale_s]
+                if p not in busy and now - m.last_seen > self.settings.stale_s]
         for p in gone:
             self.leave(p, now, "silent")
         return gone
@@ -229,6 +262,7 @@ class PipelineManager:
             self.plan = form_pipelines(nodes, self.model, self.run, cfg, now, can_link)
         else:
             self.plan = replan(self.plan, nodes, self.model, self.run, cfg, now, can_link)
+        self._ids = {p.stages: self._ids[p.stages] for p in self.plan.pipelines if p.stages in self._ids}
         for p in self.plan.pipelines:
             if p.stages not in self._ids:
                 self._ids[p.stages] = f"p{self._next}"
@@ -239,8 +273,8 @@ class PipelineManager:
         raw = assign_replicas(spare_stage, caps, *end_costs(self.model, self.run))
         self.replicas = {peer: (self._ids[self.plan.pipelines[int(key.split(":")[0])].stages], st)
                          for peer, (key, st) in raw.items()}
-        summary = self.summary()
-        self.history.append({"t": round(now, 3), "why": why, **summary})
+        summary = self.summary(whole=False)
+        self.history.append({"t": round(now, 3), "why": why, **summary, "whole_nodes": len(self._whole)})
         log.info("pipelines re-planned (%s): %s", why, summary["pipelines"])
         if self.on_plan is not None:
             self.on_plan()
@@ -259,7 +293,15 @@ class PipelineManager:
         for p in self.plan.pipelines:
             if peer_id in p.node_ids:
                 return self._ids[p.stages], p.stages
-        return None
+        whole = self._whole_pipeline(peer_id)
+        return (whole_id(peer_id), whole.stages) if whole is not None else None
+
+    def _whole_pipeline(self, peer_id: str) -> Pipeline | None:
+        """A whole-model node's one-stage pipeline (None: not one, or it cannot hold the model)."""
+        m = self._whole.get(peer_id)
+        if m is None or self.model is None:
+            return None
+        return build_pipeline([m.spec], self.model, self.run, self.settings.plan)
 
     def _hop(self, peer: str, s: Stage) -> RouteHop:
         m = self.members.get(peer)
@@ -329,72 +371,43 @@ class PipelineManager:
                for s in p.stages if self.is_stage(s.node_id)}
         return sorted(out)
 
-    def summary(self) -> dict[str, Any]:
+    def roles(self) -> dict[str, str]:
+        """Peer -> its place, in a few words (the dashboard's stage column): ``p0 [0,10) head``,
+        ``p0 [10,20)``, ``replica of p0 [10,20)``, ``spare``, or ``whole model``."""
+        out = {peer: "whole model" for peer in self._whole}
+        for p in self.plan.pipelines if self.plan is not None else ():
+            pid = self._ids[p.stages]
+            for i, st in enumerate(p.stages):
+                if st.node_id in self.members:
+                    out[st.node_id] = f"{pid} [{st.start},{st.end})" + (" head" if i == 0 and len(p.stages) > 1 else "")
+        for peer, (pid, st) in self.replicas.items():
+            out[peer] = f"replica of {pid} [{st.start},{st.end})"
+        for peer in self.members:
+            out.setdefault(peer, "spare")
+        return out
+
+    def summary(self, whole: bool = True) -> dict[str, Any]:
+        """The plan for the report: pipelines (the stage nodes', then with ``whole`` the
+        whole-model nodes' one-stage pipelines, by peer id), spare nodes, replicas."""
         if self.plan is None:
             return {"pipelines": [], "spare": []}
+        listed = [(self._ids[p.stages], p) for p in self.plan.pipelines]
+        spare = list(self.plan.spare)
+        for peer in sorted(self._whole) if whole else ():
+            one = self._whole_pipeline(peer)
+            if one is None:
+                spare.append(peer)
+            else:
+                listed.append((whole_id(peer), one))
         return {
-            "pipelines": [{"id": self._ids[p.stages], "tokens_per_s": round(p.tokens_per_s, 2),
-                           "stages": [[s.node_id, s.start, s.end] for s in p.stages]} for p in self.plan.pipelines],
-            "spare": list(self.plan.spare),
+            "pipelines": [{"id": pid, "tokens_per_s": round(p.tokens_per_s, 2),
+                           "stages": [[s.node_id, s.start, s.end] for s in p.stages]} for pid, p in listed],
+            "spare": sorted(spare),
             "replicas": {peer: [pid, st.start, st.end] for peer, (pid, st) in self.replicas.items()},
             "method": self.plan.method,
         }
 
 
-# ---------------------------------------------------------------------------- stage requests
-
-
-def stage_adapter(reply: AdapterReply, msg: StageAdapterRequest) -> AdapterReply:
-    """The tensors of published ``reply`` for layers ``[layer_start, layer_end)`` (a stage's
-    direct fetch); ``ValueError`` for an empty range. ``reply`` itself is not changed."""
-    if msg.layer_end <= msg.layer_start:
-        raise ValueError(f"empty layer range [{msg.layer_start}, {msg.layer_end})")
-    return dataclasses.replace(reply, tensors=slice_for_range(reply.tensors, msg.layer_start, msg.layer_end))
-
-
-def stage_report(pipelines: PipelineManager, coord: Any, msg: StageReport, peer_id: str
-                 ) -> tuple[StageReportAck, list[str]]:
-    """A head's failover report: replayed groups are noted in the ledger; failed ones go back
-    to pending at once. Returns the ack and the peers it says were lost that serve the head's
-    own pipeline (its hops and their replicas): only those are evidence, and only once the
-    learner's own probe confirms them (:func:`stage_alive`) do they leave the plan. A report
-    naming any other stage changes nothing."""
-    coord.record_replayed(peer_id, msg.lease_id, msg.replayed)
-    requeued = coord.release_groups(peer_id, msg.lease_id, msg.failed, "stage_lost: re-leased")
-    mine = pipelines.pipeline_peers(peer_id)
-    lost = [p for p in dict.fromkeys(msg.lost_peers) if p != peer_id and p in mine]
-    ignored = [p[-6:] for p in msg.lost_peers if p not in lost]
-    log.warning("pipeline head %s: %d group(s) replayed, %d re-leased (%s); lost %s%s", peer_id[-6:],
-                len(msg.replayed), len(requeued), msg.reason[:200], [p[-6:] for p in lost],
-                f"; not of its pipeline, ignored: {ignored}" if ignored else "")
-    return StageReportAck(requeued=requeued), lost
-
-
-#: The longest the learner's probe of a stage reported lost may take (s).
-STAGE_PROBE_TIMEOUT_S = 5.0
-
-
-async def stage_alive(host: Any, peer_id: str, timeout_s: float = STAGE_PROBE_TIMEOUT_S) -> bool:
-    """The learner's own probe of a stage node a head reported lost: can a fresh stream on the
-    stage protocol be opened to it within ``timeout_s``?"""
-    try:
-        stream = await host.open_stream(peer_id, PIPELINE, timeout=timeout_s)
-    except (SwarmError, OSError, trio.TooSlowError):
-        return False
-    await close_stream(stream, reset=True)
-    return True
-
-
-def describe_pipelines(summary: dict, backends: dict[str, str]) -> str:
-    """One line per plan: ``p0 = [0,10) ab12cd > [10,20) ... ; p1 = llamacpp ef34gh (whole)``."""
-    parts = []
-    for p in summary.get("pipelines", []):
-        if len(p["stages"]) == 1:
-            peer = p["stages"][0][0]
-            parts.append(f"{p['id']} = {backends.get(peer, '?')} {peer[-6:]} (whole model)")
-        else:
-            hops = " > ".join(f"[{s},{e}) {peer[-6:]}" for peer, s, e in p["stages"])
-            parts.append(f"{p['id']} = {hops} (~{p['tokens_per_s']:.0f} tok/s)")
-    if summary.get("spare"):
-        parts.append("spare " + ", ".join(p[-6:] for p in summary["spare"]))
-    return "; ".join(parts) or "none yet"
+def whole_id(peer_id: str) -> str:
+    """The id of a whole-model node's one-stage pipeline in the report."""
+    return f"w{peer_id[-6:]}"

@@ -104,7 +104,7 @@ def numerics_of(backend: str, extra: dict) -> Numerics | None:
     n_batch = _int(extra["n_batch"], 1, N_BATCH_LIMIT)
     n_ctx = _int(extra["n_ctx"], 16, N_CTX_LIMIT)
     kv_type, flash, unified = extra["kv_type"], extra["flash_attn"], extra["kv_unified"]
-    if (None in (n_threads, max_group, n_batch, n_ctx) or not build or len(build) > 512 or len(sha) != 64
+    if (n_threads is None or max_group is None or n_batch is None or n_ctx is None or not build or len(build) > 512 or len(sha) != 64
             or any(c not in "0123456789abcdef" for c in sha) or kv_type not in ("f16", "f32")
             or flash not in ("auto", "on", "off") or unified not in ("0", "1")):
         return None

@@ -15,6 +15,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
+from learner.adapter_versions import AdapterVersions
+from learner.config import LearnerConfig
 from learner.replay import Numerics, ReplayBudget, ReplayConfig, compare_group, replayable
 from learner.work_desk import SamplingDefaults
 from swarm.proto.work import group_seed
@@ -74,7 +76,8 @@ class LlamaCppReplay:
         if any(c.mask for c in result.completions):
             return False  # multi-turn: environment tokens are not the model's to replay
         declared = self.numerics_of(peer_id)
-        if not replayable(declared, self.build, self.gguf_sha256, self.cfg.max_kv_cells, self.cfg.max_threads):
+        if declared is None or not replayable(declared, self.build, self.gguf_sha256, self.cfg.max_kv_cells,
+                                              self.cfg.max_threads):
             return False
         if not self.budget.allow(peer_id):
             return False
@@ -116,7 +119,7 @@ class LlamaCppReplay:
     def check_groups(self, items: list[tuple[str, str, list[int], Any]]) -> list[str | None]:
         """Replay and compare (peer id, group id, prompt ids, pushed ``GroupResult``) each; per
         group the reason it fails (``None``: identical to its replay)."""
-        out = []
+        out: list[str | None] = []
         for peer, gid, prompt, result in items:
             t0 = time.perf_counter()
             n = self._chosen.pop(gid, None) or self.numerics_of(peer)
@@ -157,22 +160,16 @@ class LlamaCppReplay:
             self._contexts.popitem()[1].close()
 
 
-def build_replay(cfg, gguf_path: str | Path | None, versions, nodes: dict) -> LlamaCppReplay | None:
+def build_replay(cfg: LearnerConfig, gguf_path: str | Path | None, versions: AdapterVersions,
+                 numerics_of: Callable[[str], Numerics | None]) -> LlamaCppReplay | None:
     """The run's replayer (``[replay]``), or None: replay or verification off, or no GGUF of the
     run's model on the learner (an HF model directory: its nodes keep the statistical check).
-    ``versions``: the published adapters (``learner.adapter_versions.AdapterVersions``); ``nodes``:
-    the service's peers (their hellos declare their numerics)."""
-    from learner.replay import numerics_of
-
+    ``versions``: the published adapters; ``numerics_of(peer)``: the numerics a node's hello
+    declared (``learner.roster.NodeRoster.numerics_of``)."""
     if not (cfg.replay.enabled and cfg.verify.enabled) or gguf_path is None:
         return None
     t = cfg.train
-
-    def declared(peer: str) -> Numerics | None:
-        node = nodes.get(peer)
-        return None if node is None else numerics_of(node.hello.backend, node.hello.extra)
-
     return LlamaCppReplay(cfg.replay, gguf_path, SamplingDefaults(t.temperature, t.top_p, t.max_tokens, t.seed),
-                          numerics_of=declared, adapter_of=lambda v: versions.get(v).to_adapter(),
+                          numerics_of=numerics_of, adapter_of=lambda v: versions.get(v).to_adapter(),
                           first_published=lambda v: (r.to_adapter() if (r := versions.as_published(v)) else None),
                           first_groups=cfg.verify.first_groups)

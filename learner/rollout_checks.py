@@ -17,8 +17,11 @@ from tasks.episode_tokens import mask_runs
 class LeaseTerms(Protocol):
     """What a check reads of the lease a group was pushed under (a coordinator's ``LeaseRecord``)."""
 
-    group_ids: Sequence[str]
-    version: int
+    @property
+    def group_ids(self) -> Sequence[str]: ...
+
+    @property
+    def version(self) -> int: ...
 
 
 @dataclass

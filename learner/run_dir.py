@@ -39,7 +39,7 @@ def clear_outputs(run_dir: Path) -> list[str]:
     """Remove an earlier run's outputs from ``run_dir`` (everything but :data:`KEEP_ON_OVERWRITE`);
     returns the names removed."""
     run_dir = Path(run_dir)
-    removed = []
+    removed: list[str] = []
     if not run_dir.is_dir():
         return removed
     for entry in sorted(run_dir.iterdir()):

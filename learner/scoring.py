@@ -19,24 +19,35 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Protocol
 
 from learner.batching import TrainSample
 from learner.coordinator import CompletedGroup
 from learner.grpo import group_advantages
 from tasks.episode_tokens import replay_record
-from tasks.interface import GroupScoredTask
+from tasks.interface import EnvTask, GroupScoredTask, SingleTurnTask, is_env_task
 
 log = logging.getLogger("echo_swarm.learner")
 
 
-def score_groups(groups: list[CompletedGroup], task: Any, tokenizer: Any) -> tuple[list[TrainSample], list[float]]:
+class Decoder(Protocol):
+    """What scoring asks of the tokenizer (a Hugging Face tokenizer is one)."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+def score_groups(groups: list[CompletedGroup], task: SingleTurnTask,
+                 tokenizer: Decoder) -> tuple[list[TrainSample], list[float]]:
     """Rewards recomputed from the tokens -> per-completion samples with GRPO advantages."""
     samples: list[TrainSample] = []
     all_rewards: list[float] = []
     for g in groups:
-        score = score_episode_group if any(c.mask for c in g.result.completions) else score_group
-        more, rewards = score(g, task, tokenizer)
+        if any(c.mask for c in g.result.completions):  # an episode: only an environment task made it
+            if not is_env_task(task):
+                raise ValueError(f"group {g.spec.group_id} is an episode, but the task has no environment")
+            more, rewards = score_episode_group(g, task, tokenizer)
+        else:
+            more, rewards = score_group(g, task, tokenizer)
         samples += more
         all_rewards += rewards
     return samples, all_rewards
@@ -57,7 +68,7 @@ def reward_fields(rewards: list[float]) -> dict[str, float | int]:
     return {"reward_mean": sum(finite) / len(finite) if finite else 0.0, "reward_errors": len(rewards) - len(finite)}
 
 
-def score_group(group: CompletedGroup, task: Any, tokenizer: Any) -> tuple[list[TrainSample], list[float]]:
+def score_group(group: CompletedGroup, task: SingleTurnTask, tokenizer: Decoder) -> tuple[list[TrainSample], list[float]]:
     """(training samples, rewards) of one completed single-turn group."""
     problem = task.problem("train", int(group.spec.problem_ref))
     ids = [list(c.token_ids) for c in group.result.completions]
@@ -72,10 +83,10 @@ def score_group(group: CompletedGroup, task: Any, tokenizer: Any) -> tuple[list[
     return samples, rewards
 
 
-def score_episode_group(group: CompletedGroup, task: Any, tokenizer: Any) -> tuple[list[TrainSample], list[float]]:
+def score_episode_group(group: CompletedGroup, task: EnvTask, tokenizer: Decoder) -> tuple[list[TrainSample], list[float]]:
     """(training samples, rewards) of one completed multi-turn group."""
     problem = task.problem("train", int(group.spec.problem_ref))
-    rewards = []
+    rewards: list[float] = []
     for c in group.result.completions:
         replay = replay_record(task, problem, tokenizer, c.token_ids, c.mask)
         if replay.error is not None:  # the coordinator's verifier refuses these; never trust one

@@ -29,8 +29,14 @@ so these fields sum to the step time (``time_other_s`` is what no part accounts 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only (the step loop imports this module early)
+    from learner.dissem import LearnerDissem
+    from learner.roster import NodeRoster
 
 #: Critical-path parts, in step order; they sum to ``step_time_s`` with ``time_other_s``.
 CRITICAL_PARTS = ("wait", "reward", "check", "fwd_bwd", "optim", "train_other", "export", "encode", "publish")
@@ -55,7 +61,7 @@ class StepClock:
         self.parts["wait"] = max(0.0, float(self.wait_s))
 
     @contextmanager
-    def part(self, name: str):
+    def part(self, name: str) -> Iterator[None]:
         t = time.perf_counter()
         try:
             yield
@@ -80,9 +86,9 @@ class StepClock:
         return out
 
 
-def gen_seconds(service) -> dict[str, float]:
-    """Generation seconds each node has reported so far (``NodeInfo.gen_s``)."""
-    return {peer: float(n.gen_s) for peer, n in service.nodes.items()}
+def gen_seconds(roster: NodeRoster) -> dict[str, float]:
+    """Generation seconds each node has reported so far (``learner.roster.NodeView.gen_s``)."""
+    return roster.gen_seconds()
 
 
 def gen_fields(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -99,18 +105,18 @@ class DissemWatch:
     peers: list[str]
     published: float  # perf_counter at publish
     published_wall: float  # time.time() at publish (the dissemination service's clock)
-    dissem: object
+    dissem: LearnerDissem
     latency_s: float | None = None
     encode_s: float | None = None
 
     @classmethod
-    def start(cls, service, version: int) -> "DissemWatch | None":
-        d = getattr(service, "dissem", None)
-        if d is None or getattr(getattr(d, "cfg", None), "mode", "direct") == "direct":
+    def start(cls, dissem: LearnerDissem | None, version: int) -> DissemWatch | None:
+        """Watch ``version`` just published (None: no dissemination service, or direct mode)."""
+        if dissem is None or dissem.cfg.mode == "direct":
             return None
-        return cls(int(version), list(getattr(d, "members", {})), time.perf_counter(), time.time(), d)
+        return cls(int(version), list(dissem.members), time.perf_counter(), time.time(), dissem)
 
-    async def run(self, service=None) -> None:
+    async def run(self) -> None:
         """Wait (cancellable) until every member at publish time holds the version."""
         if self.latency_s is not None or not self.peers:
             return
@@ -119,13 +125,13 @@ class DissemWatch:
             self._encode()
 
     def _encode(self) -> None:
-        began = getattr(self.dissem, "started_at", {}).get(self.version)
+        began = self.dissem.started_at.get(self.version)
         if began is not None:
             self.encode_s = max(0.0, began - self.published_wall)
 
     def fields(self) -> dict[str, float]:
         self._encode()
-        out = {}
+        out: dict[str, float] = {}
         if self.latency_s is not None:
             out["time_dissem_s"] = round(self.latency_s, 3)
         if self.encode_s is not None:

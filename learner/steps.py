@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from functools import partial
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 import trio
 
@@ -29,14 +29,23 @@ from learner.checkpoint import LoopState
 from learner.config import LearnerConfig
 from learner.coordinator import COMPLETED, HELD, CompletedGroup, Coordinator, GroupSpec
 from learner.episodes import initial_prompt
-from learner.scoring import reward_fields, score_groups
+from learner.scoring import Decoder, reward_fields, score_groups
 from learner.service import LearnerService
 from learner.step_check import ChecksFailed, GroupCheck, StepChecks
 from learner.step_timing import DissemWatch, StepClock, gen_seconds
+from learner.trainer_api import TrainerAPI
+from learner.verify_queue import VerifyQueue
+from tasks.interface import SingleTurnTask
 from swarm.proto.adapter import AdapterReply
 
 #: Print a "waiting for rollouts" line when a batch has made no progress for this long.
 WAIT_REPORT_S = 30.0
+
+
+class TrainStep(Protocol):
+    """One GRPO update (:meth:`learner.trainer_api.TrainerAPI.train_step`, maybe wrapped)."""
+
+    def __call__(self, batch: Sequence[Any], checks: StepChecks | None = None) -> dict[str, float]: ...
 
 
 @dataclass
@@ -47,18 +56,18 @@ class StepContext:
     state: LoopState
     coord: Coordinator
     service: LearnerService
-    trainer: Any
-    task: Any
-    tokenizer: Any
+    trainer: TrainerAPI
+    task: SingleTurnTask
+    tokenizer: Decoder
     console: Callable[[str], None]
     #: One GRPO update on a batch of samples: the trainer's ``train_step``, serialised with
     #: verification (:meth:`learner.verify.Verifier.exclusive`) when verification is on.
-    train: Callable[[list], dict]
+    train: TrainStep
     #: Times the last published version's dissemination (``learner.step_timing``); None = not timed.
     dissem_watch: DissemWatch | None = None
 
 
-def add_problems(ctx, n: int) -> list[str]:
+def add_problems(ctx: StepContext, n: int) -> list[str]:
     """Add ``n`` new prompt groups (the next problems of the train split); returns their ids."""
     specs = []
     for idx in range(ctx.state.next_problem, ctx.state.next_problem + n):
@@ -71,20 +80,21 @@ def add_problems(ctx, n: int) -> list[str]:
     return [s.group_id for s in specs]
 
 
-def top_up(ctx) -> None:
+def top_up(ctx: StepContext) -> None:
     """Async mode: keep ``sync.max_inflight_groups`` groups pending, leased or buffered."""
     missing = ctx.cfg.sync.inflight_limit(ctx.cfg.train.prompts_per_step) - ctx.coord.in_flight()
     if missing > 0:
         add_problems(ctx, missing)
 
 
-async def _wait_until(ctx, ready, describe, refill=None) -> None:
+async def _wait_until(ctx: StepContext, ready: Callable[[], bool], describe: Callable[[], str],
+                      refill: Callable[[], None] | None = None) -> None:
     """Wait for ``ready()``; meanwhile the last published version's dissemination is timed.
     ``refill()``, when given, runs at every change (e.g. to replace groups dropped meanwhile)."""
-    watch: DissemWatch | None = getattr(ctx, "dissem_watch", None)
+    watch = ctx.dissem_watch
     async with trio.open_nursery() as nursery:
         if watch is not None:
-            nursery.start_soon(watch.run, ctx.service)
+            nursery.start_soon(watch.run)
         await _wait_ready(ctx, ready, describe, refill)
         nursery.cancel_scope.cancel()
 
@@ -99,14 +109,14 @@ async def _wait_ready(ctx, ready, describe, refill=None) -> None:
             await ctx.service.wait_changed()
         if scope.cancelled_caught:
             ctx.console(f"learner: step {ctx.state.step + 1} waiting for rollouts ({describe()}, "
-                        f"{len(ctx.service.nodes)} node(s) joined)")
+                        f"{len(ctx.service.roster)} node(s) joined)")
 
 
-async def sequential_step(ctx) -> dict[str, Any]:
+async def sequential_step(ctx: StepContext) -> dict[str, Any]:
     t0 = time.perf_counter()
-    gen0 = gen_seconds(ctx.service)
+    gen0 = gen_seconds(ctx.service.roster)
     ids = add_problems(ctx, ctx.cfg.train.prompts_per_step)
-    coord, queue = ctx.coord, getattr(ctx.service, "checks", None)
+    coord, queue = ctx.coord, ctx.service.checks
 
     def ready(gid: str) -> bool:  # trainable, or held for a check this step makes on its forward
         state = coord.ledger[gid]
@@ -129,9 +139,9 @@ async def sequential_step(ctx) -> dict[str, Any]:
             t_wait = time.perf_counter()
 
 
-async def async_step(ctx) -> dict[str, Any]:
+async def async_step(ctx: StepContext) -> dict[str, Any]:
     t0 = time.perf_counter()
-    gen0 = gen_seconds(ctx.service)
+    gen0 = gen_seconds(ctx.service.roster)
     coord, n = ctx.coord, ctx.cfg.train.prompts_per_step
     top_up(ctx)
     # groups dropped as stale on arrival leave the supply during the wait: top it up again, or
@@ -171,11 +181,11 @@ def _settle(queue, deferred: list, failed: dict[str, str]) -> None:
         queue.settle(item, failure)
 
 
-async def _train(ctx, samples: list, queue, deferred: list) -> dict:
+async def _train(ctx: StepContext, samples: list, queue: VerifyQueue | None, deferred: list) -> dict:
     """The GRPO update (in a worker thread), verifying the deferred pushes' picked groups on its
     forward; raises :class:`~learner.step_check.ChecksFailed` when one fails (nothing trained)."""
     checks = _step_checks(queue, deferred)
-    if checks is None:
+    if checks is None or queue is None:
         return await trio.to_thread.run_sync(ctx.train, samples)
     try:
         stats = await trio.to_thread.run_sync(partial(ctx.train, samples, checks=checks))
@@ -185,10 +195,10 @@ async def _train(ctx, samples: list, queue, deferred: list) -> dict:
     return stats
 
 
-async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle: float,
+async def _train_and_publish(ctx: StepContext, groups: list[CompletedGroup], t0: float, idle: float,
                              gen0: dict[str, float] | None = None, deferred: list | None = None) -> dict[str, Any]:
     state = ctx.state
-    clock, watch = StepClock(t0, idle), getattr(ctx, "dissem_watch", None)  # watch: the version these rollouts waited for
+    clock, watch = StepClock(t0, idle), ctx.dissem_watch  # watch: the version these rollouts waited for
     with clock.part("reward"):
         samples, rewards = score_groups(groups, ctx.task, ctx.tokenizer)
     check: dict[str, float] = {}
@@ -196,7 +206,7 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
         with clock.part("check"):
             check = await trio.to_thread.run_sync(behaviour_diffs, ctx.trainer, groups, ctx.service.node_backends())
     t1 = time.perf_counter()
-    stats = await _train(ctx, samples, getattr(ctx.service, "checks", None), deferred or [])
+    stats = await _train(ctx, samples, ctx.service.checks, deferred or [])
     train_s = time.perf_counter() - t1
     clock.add_train(train_s, stats)
     trained_on = state.version
@@ -208,7 +218,7 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
     clock.parts["encode"] += time.perf_counter() - t_exp - export_s  # with the worker-thread hop
     with clock.part("publish"):
         ctx.service.publish(reply)
-    ctx.dissem_watch = DissemWatch.start(ctx.service, state.version)
+    ctx.dissem_watch = DissemWatch.start(ctx.service.dissem, state.version)
     step_time = time.perf_counter() - t0
     comps = [c for g in groups for c in g.result.completions]
     lags = Counter(trained_on - g.result.version for g in groups for _ in g.result.completions)
@@ -235,5 +245,5 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
         "mean_completion_tokens": sum(len(c.token_ids) for c in comps) / len(comps),
         "stop_frac": sum(c.finish_reason == "stop" for c in comps) / len(comps),
         **check,
-        **clock.fields(step_time, gen_seconds(ctx.service), gen0 or {}, watch),
+        **clock.fields(step_time, gen_seconds(ctx.service.roster), gen0 or {}, watch),
     }

@@ -90,7 +90,8 @@ class Trainer:
         base = AutoModelForCausalLM.from_pretrained(str(model.hf_dir), dtype=getattr(torch, self.base_dtype))
         base.config.use_cache = False
         self.shape = ModelShape.from_hf_config(base.config)
-        peft_cfg = peft.LoraConfig(r=self.lora.rank, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
+        peft_cfg = peft.LoraConfig(r=self.lora.rank, lora_alpha=self.lora.alpha,  # type: ignore[arg-type]  # a float scales as well
+                                   lora_dropout=self.lora.dropout,
                                    target_modules=list(self.lora.target_modules), bias="none", task_type="CAUSAL_LM")
         with warnings.catch_warnings():  # peft 0.21 calls a deprecated transformers 5 property
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
@@ -315,7 +316,7 @@ class Trainer:
                 self._abandon(checks)  # every check is judged: they lead the first minibatch
             keep: list | None = [] if check is not None else None
             logp, tens = self._logprobs_of(mb, keep=keep)  # [n, T]
-            if check is not None:  # verified on this forward (learner/step_check.py)
+            if check is not None and checks is not None and keep:  # verified on this forward (learner/step_check.py)
                 t_chk = time.perf_counter()
                 scored = scored_rows(keep[0].detach(), tens["targets"], [len(s.completion_ids) for s in mb])
                 if not checks.judge(check, scored, fused=True, started=t_chk):
@@ -344,12 +345,12 @@ class Trainer:
         # several ranks: sum over ranks = the single-rank gradient (one rank: unchanged)
         agg, ratio_max, ratio_min = self.ranks.reduce(self.params, agg, ratio_max, ratio_min)
         max_norm = t.max_grad_norm
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm > 0 else float("inf"))
+        norm_t = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm > 0 else float("inf"))
         self.optimizer.step()
         self._known_logprobs.clear()  # scored under the weights this step replaced
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        grad_norm = float(grad_norm)  # waits for the device: the optimizer time below is complete
+        grad_norm = float(norm_t)  # waits for the device: the optimizer time below is complete
         timing = self._timing
         if timing is not None:  # forward/backward; then all-reduce (several ranks), clip and AdamW step
             timing["fwd_bwd"] += t_opt - t_fwd

@@ -14,16 +14,21 @@ Light to import: torch, transformers and peft load only when a trainer is built 
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from learner import distributed as D
 from learner.config import LearnerConfig
 from learner.models import ResolvedModel
+from learner.trainer_api import TrainerAPI
+
+if TYPE_CHECKING:  # torch
+    from learner.step_check import StepChecks
+    from learner.trainer import Trainer
 
 log = logging.getLogger("echo_swarm.learner.distributed")
 
 
-def build_trainer(resolved: ResolvedModel, cfg: LearnerConfig, dist: D.DistContext | None = None) -> Any:
+def build_trainer(resolved: ResolvedModel, cfg: LearnerConfig, dist: D.DistContext | None = None) -> TrainerAPI:
     """The ready trainer (heavy: loads the model): a :class:`learner.trainer.Trainer` for one rank
     and for followers, a :class:`RankZeroTrainer` holding one on rank 0 of
     several. ``dist``: this process's place among the ranks (default: what
@@ -51,9 +56,11 @@ class RankZeroTrainer:
         D.broadcast_object(self.ctx, {"kind": "state", "state": self.inner.state_dict()})
         self._state_sent = True
 
-    def train_step(self, batch: Sequence[Any]) -> dict[str, float]:
+    def train_step(self, batch: Sequence[Any], checks: StepChecks | None = None) -> dict[str, float]:
         from learner.batching import as_train_samples  # torch
 
+        if checks is not None:  # the loop makes in-step checks with one rank only (learner/loop.py)
+            raise ValueError("in-step verification is for one rank; several ranks check after the ack")
         if not self._state_sent:
             self.sync_state()
         samples = as_train_samples(batch)
@@ -72,7 +79,7 @@ class RankZeroTrainer:
 _RANK_ZERO: RankZeroTrainer | None = None
 
 
-def wrap_for_ranks(trainer: Any, ctx: D.DistContext | None = None) -> Any:
+def wrap_for_ranks(trainer: Trainer, ctx: D.DistContext | None = None) -> TrainerAPI:
     """The trainer rank 0's loop should use: as is for one rank, else a :class:`RankZeroTrainer`
     (remembered for :func:`current_trainer`). Followers get the plain trainer."""
     global _RANK_ZERO
@@ -88,7 +95,7 @@ def current_trainer() -> RankZeroTrainer | None:
     return _RANK_ZERO
 
 
-def follower_loop(trainer: Any, ctx: D.DistContext, console=print) -> int:
+def follower_loop(trainer: TrainerAPI, ctx: D.DistContext, console: Callable[[str], None] = print) -> int:
     """A rank other than 0: apply state messages and train each step's shard until ``stop``;
     returns the number of steps trained."""
     steps = 0

@@ -170,7 +170,7 @@ class ValidatorDesk:
 
         first = pick_validator(self.classes(), producer, set(), self.rng)
         got1 = None if first is None else await self._ask(first, job())
-        if got1 is None:
+        if first is None or got1 is None:
             return FALLBACK
         why1 = compare_group(pushed, got1, tol)
         if referee(producer, first, why1 is None).outcome == "pass":
@@ -180,7 +180,7 @@ class ValidatorDesk:
                     first[-6:], group_id, producer[-6:], why1)
         second = pick_validator(self.classes(), producer, {first}, self.rng)
         got2 = None if second is None else await self._ask(second, job())
-        if got2 is None:
+        if second is None or got2 is None:
             return FALLBACK
         v = referee(producer, first, False, second, compare_group(pushed, got2, tol) is None,
                     compare_group(got1, got2, tol) is None)

@@ -53,7 +53,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -184,12 +184,19 @@ def wants_check(groups_seen: int, first_groups: int, frac: float, budget_left_s:
     return budget_left_s > 0 and u < frac
 
 
+class TokenScorer(Protocol):
+    """What verification asks of the trainer (:meth:`learner.trainer.Trainer.token_stats`)."""
+
+    def token_stats(self, prompt_ids: Sequence[int], completions: Sequence[Sequence[int]], temperature: float,
+                    autocast: bool | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]: ...
+
+
 @dataclass
 class Verifier:
     """Scores groups with the learner's own model; serialised with training by :attr:`lock`."""
 
-    trainer: Any
-    cfg: Any  # VerifyConfig (or any object with its fields)
+    trainer: TokenScorer | None  # None: a verifier that only judges (tests)
+    cfg: VerifyConfig
     temperature: float
     top_p: float
     #: The version of the weights the trainer holds now (advanced by :meth:`exclusive`).
@@ -284,14 +291,16 @@ class Verifier:
     @property
     def cfg_threads(self) -> int:
         """Torch threads while scoring (``verify.torch_threads``; 0 = leave the trainer's)."""
-        return int(getattr(self.cfg, "torch_threads", 0) or 0)
+        return int(self.cfg.torch_threads or 0)
 
     def _score(self, prompt_ids: list[int], completions: list[list[int]]) -> list[Scored]:
         """The trainer's own pass over one group (:meth:`learner.trainer.Trainer.token_stats`): the
         prompt once with its KV cache repeated over the completions, the training precision
         (``verify.precision = "train"``: as ``train.precision`` resolved) or float32, and log-prob,
         entropy and surprisal variance from the same logits."""
-        autocast = False if getattr(self.cfg, "precision", "train") == "fp32" else None
+        autocast = False if self.cfg.precision == "fp32" else None
+        if self.trainer is None:
+            raise ValueError("this verifier has no trainer to score with")
         stats = self.trainer.token_stats(prompt_ids, completions, self.temperature, autocast=autocast)
         return [Scored(lp, h, v) for lp, h, v in stats]
 

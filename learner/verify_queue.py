@@ -46,7 +46,8 @@ import trio
 
 from learner.changes import Changes
 from learner.coordinator import Coordinator
-from learner.validator_desk import FALLBACK
+from learner.replay_llamacpp import LlamaCppReplay
+from learner.validator_desk import FALLBACK, ValidatorDesk
 from learner.verify import Verifier
 
 log = logging.getLogger("echo_swarm.learner")
@@ -88,8 +89,9 @@ class VerifyQueue:
 
     def __init__(self, verifier: Verifier, coordinator: Coordinator, changes: Changes, *,
                  backend_of: Callable[[str], str], untrust: Callable[[str, str], None],
-                 credit: Callable[[str, int], None], replay: Any = None,
-                 on_checked: Callable[[str, str, bool], None] | None = None, validators: Any = None) -> None:
+                 credit: Callable[[str, int], None], replay: LlamaCppReplay | None = None,
+                 on_checked: Callable[[str, str, bool], None] | None = None,
+                 validators: ValidatorDesk | None = None) -> None:
         self.verifier = verifier
         self.coordinator = coordinator
         self.changes = changes
@@ -163,7 +165,7 @@ class VerifyQueue:
         if hold_id is None:
             return None
         item = PendingCheck(hold_id, peer_id, self.backend_of(peer_id),
-                            picked=[(gid, coord.specs[gid].prompt_ids, results[gid]) for gid in picked],
+                            picked=[(gid, coord.spec(gid).prompt_ids, results[gid]) for gid in picked],
                             completions=sizes)
         if self.replay is not None:  # exact replay where the learner reproduces the node's numerics
             item.replayed = {gid for gid, _p, r in item.picked if self.replay.choose(peer_id, r)}
@@ -231,7 +233,7 @@ class VerifyQueue:
         if stats:
             for i, r in zip(stats, self.verifier.check_groups([work[i] for i in stats])):
                 out[i] = r
-        if replays:
+        if replays and self.replay is not None:  # only a replayer marks groups by_replay
             items = [(work[i][0], gids[i][0], work[i][2], work[i][3]) for i in replays]
             for i, r in zip(replays, self.replay.check_groups(items)):
                 out[i] = r
@@ -300,7 +302,8 @@ class VerifyQueue:
         try:
             decided = await self._validate(live)
             async with self._scoring:  # one scoring pass at a time (the verifier's and replay's models)
-                reasons = await trio.to_thread.run_sync(self._verdicts, live, work, decided, abandon_on_cancel=True)
+                reasons = await trio.to_thread.run_sync(  # trio-typing's stubs predate abandon_on_cancel
+                    self._verdicts, live, work, decided, abandon_on_cancel=True)  # type: ignore[call-arg]
         except Exception:
             log.exception("could not verify %d group(s) of %d push(es)", len(work), len(live))
             for item in live:

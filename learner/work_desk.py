@@ -28,8 +28,10 @@ from learner.admission import Admission
 from learner.changes import Changes
 from learner.coordinator import Coordinator
 from learner.episodes import EpisodeSettings
+from learner.group_ledger import LeaseRecord
 from learner.lease_gate import LeaseGate
 from learner.pipelines import PipelineManager
+from swarm.proto.stage import StageAssignment
 from swarm.proto.work import Lease, PromptGroup, Sampling, WorkReply, WorkRequest
 
 
@@ -81,9 +83,7 @@ class WorkDesk:
         mgr, coord = self.pipelines, self.coordinator
         now = trio.current_time()
         mgr.report(peer_id, msg, now)
-        busy = {le.peer_id for le in coord.leases.values()} | {peer_id}
-        busy |= {le.peer_id for le in coord.expired.values() if now - le.deadline < mgr.settings.stale_s}
-        mgr.sweep(now, busy=busy)
+        mgr.sweep(now, busy=coord.ledger.busy_peers(now, mgr.settings.stale_s) | {peer_id})
         self.changes.notify()  # a head waiting on this stage's version re-checks its gate
 
         def attempt() -> WorkReply | None:
@@ -120,12 +120,11 @@ class WorkDesk:
         return WorkReply(retry_after_s=0.0, reason="no_work")
 
     def lease_reply(self, peer_id: str, max_groups: int, limit: int | None = None,
-                    stage: Callable[[object], object] | None = None) -> WorkReply | None:
+                    stage: Callable[[LeaseRecord], StageAssignment] | None = None) -> WorkReply | None:
         """A lease for ``peer_id`` (admission caps and the gate permitting), with
         ``stage(record)`` attached for a pipeline head; None when there is nothing to lease."""
         coord = self.coordinator
-        capped = self.admission and self.admission.lease_refusal(
-            peer_id, sum(le.peer_id == peer_id for le in coord.leases.values()))
+        capped = self.admission and self.admission.lease_refusal(peer_id, coord.ledger.leases_held(peer_id))
         if capped:
             return WorkReply(retry_after_s=self.long_poll_s, reason=capped)
         closed, opened_now = self.gate.closed(coord.version, trio.current_time())
@@ -139,9 +138,9 @@ class WorkDesk:
         self.changes.notify()
         return WorkReply(lease=self.lease_message(record), stage=stage(record) if stage else None)
 
-    def lease_message(self, record) -> Lease:
-        s, ep, specs = self.sampling, self.episode, self.coordinator.specs
-        groups = [PromptGroup(gid, specs[gid].prompt_ids, *(("train", int(specs[gid].problem_ref)) if ep else ()))
+    def lease_message(self, record: LeaseRecord) -> Lease:
+        s, ep, spec = self.sampling, self.episode, self.coordinator.spec
+        groups = [PromptGroup(gid, spec(gid).prompt_ids, *(("train", int(spec(gid).problem_ref)) if ep else ()))
                   for gid in record.group_ids]
         return Lease(
             lease_id=record.lease_id,

@@ -42,7 +42,8 @@ def power_from_sysfs(supplies: Mapping[str, Mapping[str, str]]) -> Power:
     (``SCOPE=Device``: a mouse, a headset) do not count. No system battery: mains. A mains-type
     supply (``Mains``, ``USB``, ...) online: mains; mains-type supplies all offline, or a battery
     discharging with none listed: on battery."""
-    batteries, mains = [], []
+    batteries: list[Mapping[str, str]] = []
+    mains: list[Mapping[str, str]] = []
     for props in supplies.values():
         if props.get("SCOPE", "").lower() == "device":
             continue
@@ -83,7 +84,7 @@ def power_from_pmset(text: str) -> Power:
 
 def read_sysfs(root: Path = SYSFS_POWER) -> dict[str, dict[str, str]]:
     """Every supply's uevent under ``root`` (empty when there is none or it cannot be read)."""
-    out = {}
+    out: dict[str, dict[str, str]] = {}
     try:
         entries = sorted(root.iterdir())
     except OSError:

@@ -41,8 +41,9 @@ class NodeRecord:
         self.path = Path(data_dir) / RECORD_FILE
         self.clock = clock
         old = read_record(data_dir)
-        totals = old.get("totals") if isinstance(old.get("totals"), dict) else {}
-        runs = old.get("runs") if isinstance(old.get("runs"), list) else []
+        totals_in, runs_in = old.get("totals"), old.get("runs")
+        totals: dict[str, Any] = totals_in if isinstance(totals_in, dict) else {}
+        runs: list[Any] = runs_in if isinstance(runs_in, list) else []
         self.data: dict[str, Any] = {
             **{k: old[k] for k in ("peer_id", "name", "started_at", "updated_at") if k in old},
             "totals": {k: int(totals.get(k, 0)) if isinstance(totals.get(k, 0), int) else 0 for k in TOTALS},

@@ -24,6 +24,7 @@ interface table through ``ifaddr``).
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 import time
 
 import multiaddr
@@ -114,7 +115,7 @@ def expand_unspecified(addr: str, ips: list[str]) -> list[str]:
     return out
 
 
-def advertisable(candidates: list[str], interface_addrs: list[str], announce: list[str] = ()) -> list[str]:
+def advertisable(candidates: list[str], interface_addrs: list[str], announce: Sequence[str] = ()) -> list[str]:
     """Our dialable addresses: ``announce`` first, then ``candidates`` (listen and observed
     addresses) with unspecified IPs expanded over ``interface_addrs``; never an unspecified
     or an IPv6 link-local address; each once, in first-seen order."""
@@ -167,14 +168,14 @@ def interface_ips(max_age_s: float = INTERFACE_CACHE_S) -> list[str]:
     ips: list[str] = []
     for adapter in ifaddr.get_adapters():
         for ip in adapter.ips:
-            raw = ip.ip if ip.is_IPv4 else ip.ip[0]  # IPv6: (address, flowinfo, scope id)
+            raw = str(ip.ip if ip.is_IPv4 else ip.ip[0])  # IPv6: (address, flowinfo, scope id)
             if raw not in ips:
                 ips.append(raw)
     _interface_cache = (now, ips)
     return list(ips)
 
 
-def addrs_factory(announce: list[str] = ()):
+def addrs_factory(announce: Sequence[str] = ()):
     """A py-libp2p ``AddrsFactory`` (``new_host(addrs_factory=...)``): maps the host's live
     candidates (listen addresses plus observed addresses that enough peers confirmed) to
     :func:`advertisable` ones fit for any peer (:func:`for_remote` with no remote), so

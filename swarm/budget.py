@@ -27,7 +27,6 @@ take at most ``max_memory`` plus the frame's length (the test ``tests/swarm/test
 from __future__ import annotations
 
 import dataclasses
-import functools
 import struct
 import types
 import typing
@@ -354,8 +353,8 @@ def _type_need(tp: Any, meta: Any, stack: tuple[type, ...]) -> _Need:
     if origin in (typing.Union, types.UnionType):
         needs = [_type_need(a, meta, stack) for a in get_args(tp) if a is not type(None)]
         out = _Need(1, 1, 0, 0)
-        for n in needs:
-            out = out.either(n)
+        for need in needs:
+            out = out.either(need)
         return out
     if origin is list:
         (item_tp,) = get_args(tp)
@@ -401,16 +400,28 @@ def _to_budget(need: _Need) -> Budget:
                   max_map=need.map, max_memory=need.memory).clamp(CAPS)
 
 
-@functools.cache
+#: Budgets computed so far: (frame kind, message class) -> budget (a class's never changes).
+_BUDGETS: dict[tuple[str, type], Budget] = {}
+
+
 def budget_for(cls: type) -> Budget:
     """The decode budget of a frame holding one ``cls`` message (its wire dict)."""
-    return _to_budget(message_need(cls))
+    budget = _BUDGETS.get(("message", cls))
+    if budget is None:
+        budget = _BUDGETS[("message", cls)] = _to_budget(message_need(cls))
+    return budget
 
 
-@functools.cache
 def envelope_budget(cls: type) -> Budget:
     """The decode budget of a reply envelope: ``{"ok": bool, "body": cls, "error": str}``
     (plus unknown fields)."""
+    budget = _BUDGETS.get(("envelope", cls))
+    if budget is None:
+        budget = _BUDGETS[("envelope", cls)] = _envelope_budget(cls)
+    return budget
+
+
+def _envelope_budget(cls: type) -> Budget:
     from swarm import wire
 
     body = message_need(cls)

@@ -50,7 +50,7 @@ def from_dict(cls: type[C], data: dict[str, Any], where: str = "") -> C:
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where)
     origin = get_origin(tp)
     if origin in (typing.Union, types.UnionType):

@@ -20,7 +20,7 @@ import multiaddr
 import trio
 
 from swarm.errors import PeerUnreachable, SwarmTimeout
-from swarm.host_config import CLEANUP_TIMEOUT_S, KNOWN_ADDR_TTL_S
+from swarm.host_config import CLEANUP_TIMEOUT_S, KNOWN_ADDR_TTL_S, HostConfig
 
 # Records keep the logger name of :mod:`swarm.host`, whose part of the host this is.
 log = logging.getLogger("swarm.host")
@@ -48,6 +48,10 @@ class Dialing:
     """``connect`` and the stream opening behind requests and raw streams. Needs
     ``libp2p_host``, ``config`` and ``_known_addrs`` (peer id -> multiaddrs) from
     :class:`swarm.host.SwarmHost`."""
+
+    libp2p_host: Any  # py-libp2p's host
+    config: HostConfig
+    _known_addrs: dict[str, list[multiaddr.Multiaddr]]
 
     async def connect(self, addr: str) -> str:
         """Dial ``addr`` (which must end in ``/p2p/<peer id>``) and keep the connection.

@@ -87,12 +87,16 @@ MAX_ZSTD_WINDOW = 8 * 1024 * 1024
 _ZSTD_SLACK = 1024
 
 
-class ByteStream(Protocol):
+class ByteWriter(Protocol):
+    """What writing a frame needs from a stream."""
+
+    async def write(self, data: bytes) -> None: ...
+
+
+class ByteStream(ByteWriter, Protocol):
     """What the framing layer needs from a stream (py-libp2p ``INetStream`` fits)."""
 
     async def read(self, n: int | None = None) -> bytes: ...
-
-    async def write(self, data: bytes) -> None: ...
 
 
 def _is_eof(exc: BaseException) -> bool:
@@ -348,12 +352,12 @@ async def read_frame(
             return decode_body(flags, body, max_size=max_size, budget=b, on_scan=on_scan)
         return await _decode_off_loop(stream, flags, body, max_size, b, on_scan)
     finally:
-        if held:
+        if held and pool is not None:
             pool.release(peer, held)
 
 
 async def write_frame(
-    stream: ByteStream,
+    stream: ByteWriter,
     obj: Any,
     *,
     timeout: float,

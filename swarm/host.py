@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -49,7 +49,7 @@ from swarm.host_config import (
     SHUTDOWN_TIMEOUT_S,
     HostConfig,
 )
-from swarm.host_identity import IDENTITY_FILE, IDENTITY_FILE_MODE, load_or_create_identity
+from swarm.host_identity import IDENTITY_FILE, IDENTITY_FILE_MODE, PrivateKey, load_or_create_identity
 from swarm.request_reply import Handler, RequestReply
 
 __all__ = [
@@ -105,7 +105,7 @@ class SwarmHost(RequestReply, Dialing):
         ips = [ip for ip in map(connection_remote_ip, conns) if ip is not None]
         return for_remote(ours, ips[0] if ips else None)
 
-    def private_key(self) -> Any:
+    def private_key(self) -> PrivateKey:
         """The host's libp2p identity private key (Ed25519), e.g. to sign manifests."""
         return self.libp2p_host.get_private_key()
 
@@ -149,7 +149,7 @@ def _check_tcp_addr(addr: multiaddr.Multiaddr) -> None:
         raise ValueError(f"listen address must be /ip4|ip6/<host>/tcp/<port>, got {addr}")
 
 
-def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: list[str] = (),
+def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: Sequence[str] = (),
                        config: HostConfig | None = None) -> Any:
     """A py-libp2p host offering exactly Noise for security and Yamux for multiplexing, with
     the connection limits and deadlines of ``config`` (:mod:`swarm.join_path`)."""
@@ -162,7 +162,8 @@ def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: lis
     from libp2p.stream_muxer.yamux.yamux import Yamux
 
     from swarm.addrs import addrs_factory
-    from swarm.join_path import connection_config, disable_auto_identify, pace_inbound_handshakes
+    from swarm.join_path import (connection_config, disable_auto_identify, free_inbound_slot_on_close,
+                                 pace_inbound_handshakes)
 
     config = config or HostConfig()
     # Noise needs its own static X25519 key; the libp2p identity key signs it in the handshake.
@@ -180,6 +181,7 @@ def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: lis
         negotiate_timeout=max(1, round(config.negotiate_timeout_s)),
     )
     pace_inbound_handshakes(host, config.max_concurrent_handshakes)
+    free_inbound_slot_on_close(host)
     if not config.identify_on_connect:
         disable_auto_identify(host)
     return host
@@ -188,7 +190,7 @@ def _build_libp2p_host(key_pair: Any, listen: multiaddr.Multiaddr, announce: lis
 @asynccontextmanager
 async def open_host(
     data_dir: str | os.PathLike[str], *, listen_addr: str = DEFAULT_LISTEN_ADDR, config: HostConfig | None = None,
-    announce: list[str] = (),
+    announce: Sequence[str] = (),
 ) -> AsyncIterator[SwarmHost]:
     """Start a host with the identity kept in ``data_dir``, listening on ``listen_addr``
     (TCP only; port 0 picks a free port, see ``host.addrs``) and also advertising the

@@ -9,6 +9,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from libp2p.crypto.keys import PrivateKey
+
+__all__ = ["IDENTITY_FILE", "IDENTITY_FILE_MODE", "PrivateKey", "load_or_create_identity"]
+
 # Records keep the logger name of :mod:`swarm.host`, whose part of the host this is.
 log = logging.getLogger("swarm.host")
 

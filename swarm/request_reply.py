@@ -19,9 +19,11 @@ from typing import Any, TypeVar
 import trio
 
 from swarm.budget import budget_for, envelope_budget
+from swarm.dialing import Dialing
 from swarm.errors import EndOfStream, FrameError, PeerUnreachable, RemoteError, SwarmTimeout, TruncatedFrame
 from swarm.framing import read_frame, write_frame
 from swarm.gate import RateLimited, refuse
+from swarm.gate import StreamGate
 from swarm.host_config import CLEANUP_TIMEOUT_S, MAX_ERROR_CHARS
 from swarm.wire import Message, WireError
 
@@ -59,9 +61,12 @@ def _unwrap(envelope: Any, reply_type: type[R], peer_id: str, protocol_id: str) 
     return reply_type.from_wire(envelope["body"])
 
 
-class RequestReply:
-    """``set_handler`` (server side) and ``request`` (client side). Needs ``libp2p_host``,
-    ``config``, ``gate`` and ``_open_stream`` from :class:`swarm.host.SwarmHost`."""
+class RequestReply(Dialing):
+    """``set_handler`` (server side) and ``request`` (client side), over the streams
+    :class:`~swarm.dialing.Dialing` opens. Needs ``libp2p_host``, ``config`` and ``gate`` from
+    :class:`swarm.host.SwarmHost`."""
+
+    gate: StreamGate  # an annotation only: the host sets it
 
     # ------------------------------------------------------------------ server side
 

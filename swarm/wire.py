@@ -100,8 +100,9 @@ class Message:
     def from_wire(cls: type[M], data: Any) -> M:
         if not isinstance(data, dict):
             raise WireError(f"{cls.KIND}: expected a map, got {type(data).__name__}")
-        hints = _type_hints(cls)
-        fields = _fields(cls)
+        # mypy takes a dataclass type for an unhashable value (its instances are): it is hashable
+        hints = _type_hints(cls)  # type: ignore[arg-type]
+        fields = _fields(cls)  # type: ignore[arg-type]
         kwargs: dict[str, Any] = {}
         for f in fields:
             if f.name not in data:
@@ -113,7 +114,7 @@ class Message:
             _check_range(value, f.metadata, where)
             kwargs[f.name] = value
         if len(data) > len(kwargs):
-            _check_unknown(data, _field_names(cls), cls.KIND)
+            _check_unknown(data, _field_names(cls), cls.KIND)  # type: ignore[arg-type]
         return cls(**kwargs)
 
 
@@ -184,7 +185,7 @@ def _encode(value: Any) -> Any:
     return value
 
 
-def _fast_list(value: list, item_tp: Any, max_len: int) -> bool:
+def _fast_list(value: list | tuple, item_tp: Any, max_len: int) -> bool:
     """Whether ``value`` is a valid list of plain ``item_tp`` scalars (the common case, checked
     without a per-item call); ``False`` sends it through the item-by-item path for the error."""
     if item_tp is int:

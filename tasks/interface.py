@@ -32,7 +32,7 @@ and the evaluator share it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Literal, Protocol, Sequence, TypeGuard, runtime_checkable
 
 from tasks.base import Problem, Split, template_kwargs
 
@@ -99,7 +99,7 @@ class EnvTask(SingleTurnTask, Protocol):
         """The reward of an episode, recomputed by replaying the actions of ``assistant_texts``."""
 
 
-def is_env_task(task: Any) -> bool:
+def is_env_task(task: object) -> TypeGuard[EnvTask]:
     """True when ``task`` offers the multi-turn interface."""
     return all(callable(getattr(task, m, None)) for m in ("make_env", "first_turns", "episode_reward")) \
         and isinstance(getattr(task, "max_turns", None), int)

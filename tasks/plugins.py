@@ -152,6 +152,8 @@ def _load_file(file: str):
     name = "echo_swarm_user_task_%s_%08x" % (re.sub(r"\W", "_", p.stem), zlib.crc32(str(p).encode()))
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, p)
+        if spec is None or spec.loader is None:
+            raise TaskNotInstalled(f"task file {file!r} cannot be loaded as a Python module")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:

@@ -97,7 +97,7 @@ def split_options(dataset: str, options: dict[str, Any]) -> tuple[RGKnobs, dict[
     if unknown:
         raise ValueError(f"task.options: unknown knob(s) {unknown} for rg:{dataset}; its fields: {sorted(theirs)}; "
                          f"the adapter's: {sorted(ours)}")
-    opts = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+    opts: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
     try:
         knobs = RGKnobs(**{k: v for k, v in opts.items() if k in ours})
     except (TypeError, ValueError) as e:

@@ -389,8 +389,9 @@ class VfEnvTask(VfTask):
     def first_turns(self, observation: str) -> list[tuple[Role, str]]:
         i = self._by_prompt.get(observation)
         data = self._tasks[i].data if i is not None else None
-        system = (data.system_prompt if data is not None else "") or self._system
-        return ([("system", system)] if system else []) + [("user", observation)]
+        system = str((data.system_prompt if data is not None else "") or self._system)
+        turns: list[tuple[Role, str]] = [("system", system)] if system else []
+        return turns + [("user", observation)]
 
 
 def make_vf_task(taskset_id: str, options: dict[str, Any], seed: int = 0) -> VfTask:

@@ -97,7 +97,7 @@ def line_chart(series: list[Series], *, title: str, y_label: str = "", x_label: 
     if y_label:
         out.append(f'<text transform="translate(11 {top + ph / 2}) rotate(-90)" text-anchor="middle" '
                    f'font-size="11">{escape(y_label)}</text>')
-    legend_x = left + pw
+    legend_x = float(left + pw)
     for i, s in enumerate(series):
         color = s.color or PALETTE[i % len(PALETTE)]
         name = escape(s.name)

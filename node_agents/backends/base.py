@@ -43,6 +43,8 @@ class Backend(Protocol):
     """Loads the base model once; hot-swaps adapters; generates whole GRPO groups."""
 
     name: str
+    #: The model's vocabulary size (token ids lie in ``[0, n_vocab)``).
+    n_vocab: int
 
     def capabilities(self) -> Capabilities: ...
 

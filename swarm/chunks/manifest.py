@@ -33,11 +33,20 @@ class ManifestError(ValueError):
 class ChunkedManifest(Protocol):
     """The fields every chunked manifest has."""
 
-    total_bytes: int
-    chunk_bytes: int
-    chunk_hashes: list[bytes]
-    signer: str
-    signature: bytes
+    @property
+    def total_bytes(self) -> int: ...
+
+    @property
+    def chunk_bytes(self) -> int: ...
+
+    @property
+    def chunk_hashes(self) -> list[bytes]: ...
+
+    @property
+    def signer(self) -> str: ...
+
+    @property
+    def signature(self) -> bytes: ...
 
     def to_wire(self) -> dict[str, Any]: ...
 

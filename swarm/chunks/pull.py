@@ -84,6 +84,7 @@ class Puller:
         self._wanted = wanted or store.missing
         self._add = add or (lambda i, data, peer: store.add(i, data))
         self._changed_by_others = changed
+        self._last_chunk_at: float = 0.0  # trio.s clock, set below
         self._idle_since = idle_since or (lambda: self._last_chunk_at)
         self.progress = progress
         self.report = report

@@ -22,7 +22,7 @@ import itertools
 import logging
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import trio
 
@@ -36,6 +36,9 @@ from swarm.membership import membership_of, unpack_ticket
 from swarm.proto import CHUNKS
 from swarm.proto.chunks import ChunkFrame, ChunkReply, ChunkRequest
 from swarm.wire import WireError
+
+if TYPE_CHECKING:
+    from swarm.host import SwarmHost
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +62,21 @@ class ServeSettings:
 
 @dataclass
 class _Entry:
-    store: ChunkStore
+    store: ChunkStore | None  # None: a lookup's, found per request
     on_served: OnServed | None = None
     allow: Allow | None = None
 
 
 @dataclass
 class ChunkServer:
-    host: object
+    host: SwarmHost
     settings: ServeSettings = field(default_factory=ServeSettings)
     #: Bytes served per peer (every content).
     served: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._entries: dict[bytes, _Entry] = {}
-        self._lookups: list[tuple[Lookup, OnServed | None]] = []
+        self._lookups: list[tuple[Lookup, _Entry]] = []
         self._registered = False
 
     @property
@@ -112,7 +115,7 @@ class ChunkServer:
                 if store is not None:
                     entry = _Entry(store, found.on_served, found.allow)
                     break
-        if entry is None:
+        if entry is None or entry.store is None:
             return None
         if peer is not None and entry.allow is not None and not entry.allow(peer):
             log.info("chunks: %s may not read content %s (private run): answered as not held", peer[-8:],

@@ -26,9 +26,12 @@ from swarm.chunks.manifest import ChunkedManifest, chunk_ok, chunk_range
 class ChunkStore(Protocol):
     """The chunks of one piece of content held by this peer (fully or in part)."""
 
-    manifest: ChunkedManifest
-    #: Chunks of the content.
-    n: int
+    @property
+    def manifest(self) -> ChunkedManifest: ...
+
+    @property
+    def n(self) -> int:
+        """Chunks of the content."""
 
     def has(self, index: int) -> bool: ...
 

@@ -122,6 +122,8 @@ class HashCache:
         return sha
 
     def _store(self, key: str, sha: str) -> None:
+        if self.path is None:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

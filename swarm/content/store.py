@@ -107,6 +107,7 @@ class ModelCopy:
 
     def _open(self) -> None:
         d = self.dir
+        assert d is not None  # the constructor opens a directory it was given
         d.mkdir(parents=True, exist_ok=True)
         if (d / COMPLETE_MARKER).is_file():
             try:
@@ -130,13 +131,15 @@ class ModelCopy:
 
     def _finish(self) -> Path:
         m, d, disk = self.manifest, self.dir, self._disk
+        if d is None or disk is None:
+            raise RuntimeError("this copy has no directory to finish in")
         payload, model_dir = disk.payload_path, d / "model"
         if model_dir.exists():
             shutil.rmtree(model_dir)
         model_dir.mkdir()
         if m.kind == "gguf":
-            with open(payload, "r+b") as f:
-                f.truncate(m.total_bytes)
+            with open(payload, "r+b") as fh:
+                fh.truncate(m.total_bytes)
             os.replace(payload, model_dir / m.files[0].relpath)
         else:
             with open(payload, "rb") as src:

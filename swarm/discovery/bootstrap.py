@@ -26,7 +26,7 @@ DHT provider records of the run's learner key) are ignored with a line saying so
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -85,7 +85,7 @@ class LearnerLocator:
     ``run``: ``NAME`` or ``NAME@PEERID``; ``pins``: the node's pinned learners (None: no pin
     file, as in some tests). Only the learner that :attr:`trust` accepts is ever dialled."""
 
-    def __init__(self, host, discovery, *, learner: str = "", bootstrap: list[str] = (), run: str = "",
+    def __init__(self, host, discovery, *, learner: str = "", bootstrap: Sequence[str] = (), run: str = "",
                  pins: LearnerPins | None = None, say: Callable[[str], None] = print,
                  timeout_s: float = BOOTSTRAP_TIMEOUT_S) -> None:
         if not learner and not bootstrap:
@@ -100,7 +100,7 @@ class LearnerLocator:
         self.bootstrap = list(bootstrap)
         self.say = say
         #: Which learner is accepted (given, pinned or learnt once); see :class:`LearnerTrust`.
-        self.trust = LearnerTrust(pins, name, run_id or addr_id, "--run" if run_id else "--learner", say)
+        self.trust = LearnerTrust(pins, name, run_id or addr_id or "", "--run" if run_id else "--learner", say)
         self.timeout_s = timeout_s
         #: The learner address that worked last.
         self.last_good = learner

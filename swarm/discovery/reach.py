@@ -167,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.addrs:
         p.error("give the peer's multiaddrs (or --serve)")
     ids = {split_peer_id(a)[1] for a in args.addrs}
-    if None in ids or len(ids) != 1:
+    peer = ids.pop() if len(ids) == 1 else None
+    if peer is None:
         p.error("every address must end in the same /p2p/<peer id>")
-    peer = ids.pop()
     res = trio.run(lambda: dial_back(peer, args.addrs, "127.0.0.1", timeout_s=args.timeout))
     print(json.dumps({"peer_id": peer, "reachable": res.reachable, "addr": res.addr, "errors": list(res.errors),
                       "seconds": round(res.seconds, 3)}), flush=True)
@@ -187,7 +187,7 @@ async def _serve(listen: str, announce: list[str]) -> int:
             for a in host.addrs:
                 print(a, flush=True)
             print("ready", flush=True)
-            await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+            await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)  # type: ignore[call-arg]  # old trio stubs
     return 0
 
 

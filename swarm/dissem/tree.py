@@ -243,7 +243,8 @@ def build_plan(members: Iterable[Member], mode: str = "tree", fan_out: int = 2, 
     stripes = min(stripes, max(1, len(order) + len(leaves)))
     root_children = max(1, fan_out // stripes)
     if links is not None:
-        roots, load = [], {}
+        roots: list[list[TreeNode]] = []
+        load: dict[str, int] = {}
         for s in range(stripes):
             interior = order[s::stripes]
             rest = [p for p in order if p not in set(interior)]

@@ -1,6 +1,6 @@
 """NAT traversal on a running :class:`swarm.host.SwarmHost`: circuit relay v2 (served when
 ``NatConfig.serve_relay``, used as a client always), DCUtR hole punching with retries and
-backoff, and the two NAT checks other peers ask of us (``swarm.proto.nat``)::
+backoff, and the NAT checks other peers ask of us (``swarm.proto.nat``; :mod:`swarm.nat.checks`)::
 
     nat = NatService(host, NatConfig(serve_relay=True))
     async with trio.open_nursery() as nursery:
@@ -25,62 +25,19 @@ from typing import Any
 import multiaddr
 import trio
 
-from swarm.addrs import connection_remote_ip, is_loopback, split_peer_id
+from swarm.addrs import split_peer_id
 from swarm.dialing import forget_closed
 from swarm.errors import PeerUnreachable, SwarmError
 from swarm.nat.config import NatConfig
-from swarm.nat.kinds import admit_probe, backoff_s, circuit_peer
+from swarm.nat.checks import CIRCUIT, NatChecks, conns_of, direct_addr, is_direct
+from swarm.nat.kinds import backoff_s, circuit_peer
 from swarm.nat.records import ALREADY, FAILED, PUNCHED, PunchBook, PunchOutcome
-from swarm.proto.nat import (
-    MAX_ADDRS,
-    NAT_BANDWIDTH,
-    NAT_DIALBACK,
-    NAT_OBSERVE,
-    BandwidthReply,
-    BandwidthRequest,
-    DialBackReply,
-    DialBackRequest,
-    Observed,
-    ObserveRequest,
-)
+from swarm.proto.nat import MAX_ADDRS, DialBackReply, Observed
 
 log = logging.getLogger(__name__)
 
-CIRCUIT = "/p2p-circuit"
 #: Deadline (s) of one simultaneous-open dial of a hole punch (upstream's round lasts as long).
 PUNCH_DIAL_TIMEOUT_S = 5
-
-
-def _conn_addrs(conn: Any) -> list[str]:
-    try:
-        return [str(a) for a in conn.get_transport_addresses()]
-    except Exception:
-        return []
-
-
-def _is_direct(conn: Any) -> bool:
-    """A connection that does not go through a relay. Its type (py-libp2p records it from the
-    raw connection up) decides: its transport addresses cannot, since a connection with none
-    recorded reports the peer's peerstore addresses instead, a relay's among them."""
-    try:
-        kind = conn.get_connection_type()
-    except Exception:
-        kind = None
-    value = getattr(kind, "value", kind)
-    if value in ("direct", "relayed"):
-        return value == "direct"
-    addrs = _conn_addrs(conn)
-    return bool(addrs) and not any(CIRCUIT in a for a in addrs)
-
-
-def _remote_ip_port(conn: Any) -> tuple[str, int] | None:
-    try:
-        remote = conn.muxed_conn.get_remote_address()
-    except Exception:
-        return None
-    if isinstance(remote, tuple) and len(remote) >= 2:
-        return str(remote[0]), int(remote[1])
-    return None
 
 
 class NatService:
@@ -108,18 +65,15 @@ class NatService:
         self._transport = CircuitV2Transport(lh, self._relay, RelayConfig(roles=roles, limits=limits))
         # one simultaneous-open dial (TCP and the Noise + Yamux upgrade) within one attempt
         self._dcutr = PunchingDCUtR(lh, dial_timeout=max(1, min(PUNCH_DIAL_TIMEOUT_S, int(cfg.punch_timeout_s))))
-        self._dialbacks = trio.Semaphore(cfg.dialback_concurrency)
-        self._probes: dict[str, list[float]] = {}  # peer ("" = everyone) -> times of its costly checks
+        #: The NAT checks other peers ask of us, and ours of them.
+        self.checks = NatChecks(host, cfg, self._reserved_here)
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ service
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         from libp2p.tools.anyio_service import background_trio_service
 
-        self.host.set_handler(NAT_OBSERVE, ObserveRequest, self._on_observe)
-        self.host.set_handler(NAT_DIALBACK, DialBackRequest, self._on_dialback,
-                              timeout_s=self.config.relay_timeout_s + 10)
-        self.host.set_handler(NAT_BANDWIDTH, BandwidthRequest, self._on_bandwidth)
+        self.checks.register()
         async with background_trio_service(self._relay), background_trio_service(self._dcutr):
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -174,26 +128,14 @@ class NatService:
 
     # ------------------------------------------------------------------ connections
     def _conns(self, peer_id: str) -> list[Any]:
-        from libp2p.peer.id import ID
-
-        try:
-            return list(self.host.libp2p_host.get_network().get_connections(ID.from_base58(peer_id)))
-        except Exception:
-            return []
+        return conns_of(self.host, peer_id)
 
     def direct_addr(self, peer_id: str) -> str | None:
         """The remote address of a direct (not relayed) connection to ``peer_id``, if any."""
-        for c in self._conns(peer_id):
-            if _is_direct(c):
-                ipp = _remote_ip_port(c)
-                if ipp:
-                    return f"/{'ip6' if ':' in ipp[0] else 'ip4'}/{ipp[0]}/tcp/{ipp[1]}"
-                addrs = _conn_addrs(c)
-                return addrs[0] if addrs else "?"
-        return None
+        return direct_addr(self.host, peer_id)
 
     def relayed(self, peer_id: str) -> bool:
-        return any(not _is_direct(c) for c in self._conns(peer_id))
+        return any(not is_direct(c) for c in self._conns(peer_id))
 
     async def drop_relayed(self, peer_id: str) -> int:
         """Close the relayed connections to ``peer_id`` while a direct one exists (returns how
@@ -204,7 +146,7 @@ class NatService:
 
         if self.direct_addr(peer_id) is None:
             return 0
-        relayed = [c for c in self._conns(peer_id) if not _is_direct(c)]
+        relayed = [c for c in self._conns(peer_id) if not is_direct(c)]
         for conn in relayed:
             with trio.move_on_after(self.config.relay_timeout_s):
                 try:
@@ -258,18 +200,16 @@ class NatService:
 
     # ------------------------------------------------------------------ NAT checks
     async def observe(self, peer_id: str) -> Observed:
-        """Ask a connected peer at which address(es) it sees our direct connections."""
-        return await self.host.request(peer_id, NAT_OBSERVE, ObserveRequest(), Observed,
-                                       timeout=self.config.relay_timeout_s)
+        """:meth:`swarm.nat.checks.NatChecks.observe`."""
+        return await self.checks.observe(peer_id)
 
-    async def _on_observe(self, req: ObserveRequest, peer: str) -> Observed:
-        seen = []
-        for c in self._conns(peer):
-            ipp = _remote_ip_port(c)
-            if ipp and _is_direct(c):
-                family = "ip6" if ":" in ipp[0] else "ip4"
-                seen.append(f"/{family}/{ipp[0]}/tcp/{ipp[1]}")
-        return Observed(addrs=seen[:MAX_ADDRS], peers=self._other_peers(peer), relayed=self._reserved_here(peer))
+    async def dial_back(self, peer_id: str, addrs: list[str]) -> DialBackReply:
+        """:meth:`swarm.nat.checks.NatChecks.dial_back`."""
+        return await self.checks.dial_back(peer_id, addrs)
+
+    async def bandwidth(self, peer_id: str, nbytes: int = 1024 * 1024) -> tuple[float, float]:
+        """:meth:`swarm.nat.checks.NatChecks.bandwidth`."""
+        return await self.checks.bandwidth(peer_id, nbytes)
 
     def _reserved_here(self, asker: str) -> list[str]:
         """Circuit addresses through us of the peers holding a reservation at our relay."""
@@ -286,84 +226,6 @@ class NatService:
             if len(out) >= MAX_ADDRS:
                 break
         return out
-
-    def _other_peers(self, asker: str) -> list[str]:
-        """Addresses of other peers we hold direct connections to (candidate observers)."""
-        from swarm.addrs import with_peer_id
-
-        net = self.host.libp2p_host.get_network()
-        store = self.host.libp2p_host.get_peerstore()
-        out: list[str] = []
-        for pid in list(net.connections.keys()):
-            peer = pid.to_base58()
-            if peer in (asker, self.host.peer_id) or not self.direct_addr(peer):
-                continue
-            try:
-                addrs = [str(a) for a in store.addrs(pid)]
-            except Exception:
-                continue
-            good = [a for a in addrs if CIRCUIT not in a and not is_loopback(a)]
-            if good:
-                out.append(with_peer_id(split_peer_id(good[0])[0], peer))
-            if len(out) >= MAX_ADDRS:
-                break
-        return out
-
-    async def dial_back(self, peer_id: str, addrs: list[str]) -> DialBackReply:
-        """Ask a connected peer to dial us back at ``addrs`` from a fresh host."""
-        return await self.host.request(peer_id, NAT_DIALBACK, DialBackRequest(addrs=addrs[:MAX_ADDRS]),
-                                       DialBackReply, timeout=self.config.relay_timeout_s + 15)
-
-    async def _on_dialback(self, req: DialBackRequest, peer: str) -> DialBackReply:
-        from swarm.addrs import host_ip, with_peer_id
-        from swarm.discovery.reach import dial_back
-
-        ips = {connection_remote_ip(c) for c in self._conns(peer) if _is_direct(c)}
-        ips.discard(None)
-        if not ips:
-            return DialBackReply(False, "", ["no direct connection from you to dial back along"])
-        cands = [with_peer_id(split_peer_id(a)[0], peer) for a in req.addrs
-                 if str(host_ip(split_peer_id(a)[0])) in ips]
-        if not cands:
-            return DialBackReply(False, "", [f"none of your addresses is at {', '.join(sorted(ips))}, "
-                                             "where your connection comes from"])
-        self._admit(peer, "dial-back")
-        async with self._dialbacks:
-            res = await dial_back(peer, cands, next(iter(ips)))
-        return DialBackReply(res.reachable, res.addr or "", [e[:256] for e in res.errors][:MAX_ADDRS])
-
-    def _admit(self, peer: str, what: str) -> None:
-        """Raise (the asker gets an error reply) when ``peer`` or everyone asked too often."""
-        now, cfg = time.monotonic(), self.config
-        if len(self._probes) > 4096:  # forget the quiet peers
-            self._probes = {p: t for p, t in self._probes.items() if t and t[-1] > now - 60}
-        if not admit_probe(self._probes.setdefault("", []), now, 60.0, cfg.probes_per_min):
-            raise SwarmError(f"too many {what} requests from all peers; try again in a minute")
-        if not admit_probe(self._probes.setdefault(peer, []), now, 60.0, cfg.probes_per_min_peer):
-            log.info("nat: refused a %s to %s (over %d per minute)", what, peer[-8:], cfg.probes_per_min_peer)
-            raise SwarmError(f"too many {what} requests; at most {cfg.probes_per_min_peer} per minute")
-
-    async def _on_bandwidth(self, req: BandwidthRequest, peer: str) -> BandwidthReply:
-        import os
-
-        if req.want or req.payload:
-            self._admit(peer, "bandwidth")
-        return BandwidthReply(payload=os.urandom(req.want))  # random: zstd cannot shrink it
-
-    async def bandwidth(self, peer_id: str, nbytes: int = 1024 * 1024) -> tuple[float, float]:
-        """(upload, download) Mbit/s to a connected peer: ``nbytes`` each way, less the time of
-        an empty request (the round trip)."""
-        import os
-
-        async def timed(req: BandwidthRequest) -> float:
-            t0 = time.monotonic()
-            await self.host.request(peer_id, NAT_BANDWIDTH, req, BandwidthReply, timeout=120)
-            return time.monotonic() - t0
-
-        rtt = await timed(BandwidthRequest())
-        up = await timed(BandwidthRequest(payload=os.urandom(nbytes)))
-        down = await timed(BandwidthRequest(want=nbytes))
-        return tuple(nbytes * 8 / max(t - rtt, 1e-3) / 1e6 for t in (up, down))
 
     async def dial_from_listen_port(self, addr: str) -> str:
         """Dial ``addr`` (``.../p2p/<id>``) from our listening TCP port, as a hole punch does, so

@@ -337,8 +337,9 @@ def form_pipelines(nodes: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg: P
         gains = []
         for j, g in enumerate(groups):
             trial = build_pipeline(g + [node], model, run, cfg, can_link)
-            if trial is not None and built[j] is not None:
-                gains.append((trial.tokens_per_s - built[j].tokens_per_s, j, trial))
+            current = built[j]
+            if trial is not None and current is not None:
+                gains.append((trial.tokens_per_s - current.tokens_per_s, j, trial))
         gain = max(gains, key=lambda t: (t[0], -t[1]), default=None)
         if gain is None or gain[0] <= 0:
             spare.append(node.node_id)

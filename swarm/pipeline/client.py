@@ -52,7 +52,7 @@ class StageError(SwarmError):
         self.lost = lost
 
 
-def _unwrap(envelope: Any, reply_type: type, peer_id: str) -> Any:
+def _unwrap(envelope: Any, reply_type: type[Message], peer_id: str) -> Any:
     if not isinstance(envelope, dict) or not isinstance(envelope.get("ok"), bool):
         raise StageError(f"stage {peer_id} sent a reply that is not an envelope", peer_id=peer_id, lost=True)
     if not envelope["ok"]:

@@ -30,7 +30,7 @@ class TensorBlob(Message):
     dtype: str = bounded(max_items=16)
     shape: list[int] = bounded(max_items=8)
     #: Raw little-endian bytes, C order.
-    data: bytes
+    data: bytes  # type: ignore[misc]  # bounded() fields carry no default (mypy cannot see it)
 
 
 @dataclass

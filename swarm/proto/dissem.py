@@ -213,7 +213,7 @@ class HaveVersion(_LayersChecked, Message):
     KIND = "have_version"
     version: int = bounded(min=0)
     #: Wall-clock time (``time.time()``) at which the last chunk was verified.
-    completed_at: float
+    completed_at: float  # type: ignore[misc]  # bounded() fields carry no default (mypy cannot see it)
     #: Chunks received through push streams, fetched by repair, and rejected (bad hash).
     pushed: int = bounded_default(0, min=0)
     repaired: int = bounded_default(0, min=0)

@@ -56,7 +56,7 @@ class Lease(Message):
     version: int = bounded(min=0)
     #: Completions per prompt (the GRPO group size).
     group_size: int = bounded(min=1, max=1024)
-    sampling: Sampling
+    sampling: Sampling  # type: ignore[misc]  # bounded() fields carry no default (mypy cannot see it)
     groups: list[PromptGroup] = bounded(max_items=1024)
     #: Seconds from issue until the lease expires and its groups are re-issued elsewhere.
     deadline_s: float = bounded(min=0.0)

@@ -93,7 +93,7 @@ class Harness:
             ContribDesk(svc.ledger, lambda p: svc.nodes[p].hello.name if p in svc.nodes else None, "fuzz",
                         "").register(lh)  # as learner/loop.py wires it
             dissem = LearnerDissem(lh, DissemConfig(mode="tree", stall_timeout_s=1.0), "fuzz",
-                                   admit=lambda peer: peer in svc.nodes)
+                                   admit=lambda peer: peer in svc.roster)
             dissem.register()
             from node_agents.adapter_sync import AdapterSync
 

@@ -44,7 +44,7 @@ def test_a_nodes_malformed_pushes_never_stall_a_step(tmp_path):
     assert coord.counts() == {"trained": 4}
     cheat_log = (tmp_path / "cheat.log").read_text()
     trained_by = {p for r in rows for p in r["nodes"]}
-    cheat_peer = next(p for p, n in seen["svc"].nodes.items() if n.rejected_groups)
+    cheat_peer = next(n.peer_id for n in seen["svc"].roster.statistics().nodes if n.rejected_groups)
     assert cheat_peer not in trained_by, cheat_log
     assert coord.rejections["bad_logprob"] >= 1, cheat_log
     assert elapsed < 240, elapsed
@@ -66,7 +66,7 @@ def test_allowlist_run_refuses_a_stranger_with_a_reason_and_admits_a_token_holde
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     svc = seen["svc"]
-    assert len(svc.nodes) == 1 and seen["svc"].coordinator.counts() == {"trained": 4}
+    assert len(svc.roster) == 1 and seen["svc"].coordinator.counts() == {"trained": 4}
     stranger = (tmp_path / "stranger.log").read_text()
     assert "learner refused the join: not on this run's allowlist and no join token" in stranger, stranger
     assert "retry 1 in 7.5s" in stranger or "retry 1 in 7." in stranger, stranger

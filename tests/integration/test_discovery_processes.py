@@ -106,7 +106,7 @@ def test_bootstrap_through_a_node_wrong_run_and_learner_restart(tmp_path):
             n1_addr = await wait_for(lambda: listening_addr(tmp_path / "n1.log"), "node 1's address")
             procs["n2"] = spawn(tmp_path, "n2", "--bootstrap", DEAD, "--bootstrap", n1_addr)
             procs["wrong"] = spawn(tmp_path, "wrong", "--learner", addrs[0], "--run", "another-run")
-            await wait_for(lambda: len(services[0].nodes) == 2, "both nodes joined")
+            await wait_for(lambda: len(services[0].roster) == 2, "both nodes joined")
             await wait_for(lambda: procs["wrong"].poll() is not None, "the wrong-run node to exit")
             nursery.cancel_scope.cancel()  # the learner goes away mid-run
 

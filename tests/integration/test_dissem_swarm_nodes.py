@@ -19,6 +19,7 @@ from learner.config import DissemConfig
 from learner.coordinator import Coordinator, GroupSpec, Limits
 from learner.demo import node_command, stop_processes
 from learner.dissem import start_learner_dissem
+from learner.roster import NodeRoster
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from swarm.host import open_host
 from swarm.proto.adapter import AdapterReply
@@ -37,14 +38,14 @@ def test_tree_of_swarm_nodes_delivers_version_to_all(tmp_path):
         coord = Coordinator(Limits(group_size=2, max_tokens=4, vocab_size=49152), lease_timeout_s=60,
                             groups_per_lease=1)
         cfg = DissemConfig(mode="tree", fan_out=2, stripes=1, chunk_bytes=128 * 1024, codec="int8")
-        versions, nodes = AdapterVersions(), {}
+        versions, roster = AdapterVersions(), NodeRoster()
         async with open_host(tmp_path / "learner") as host:
             async with trio.open_nursery() as nursery:
-                dissem = await start_learner_dissem(nursery, host, cfg, "dissem-it", versions, admit=nodes.__contains__)
+                dissem = await start_learner_dissem(nursery, host, cfg, "dissem-it", versions, admit=roster.is_member)
                 service = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 4, 0), group_size=2,
                                                                 run_id="dissem-it", model_name="default",
                                                                 long_poll_s=1.0),
-                                         versions=versions, nodes=nodes, dissem=dissem)
+                                         versions=versions, roster=roster, dissem=dissem)
                 service.register(host)
                 service.publish(AdapterReply.from_adapter(LoraAdapter(0, 8, 16.0, TARGETS, {})))
                 for i in range(N_NODES):

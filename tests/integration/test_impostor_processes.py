@@ -121,7 +121,7 @@ def test_an_impostor_claiming_the_run_is_never_taken_for_its_learner(tmp_path):
             run_flag = flags[flags.index("--run") + 1]
             procs["v"] = spawn(tmp_path, "v", "--run", run_flag, "--bootstrap", imp_addr)
             procs["t"] = spawn(tmp_path, "t", "--bootstrap", h1_addr)
-            await wait_for(lambda: len(services[0].nodes) == len(NODES), "all three nodes joined", timeout=240.0)
+            await wait_for(lambda: len(services[0].roster) == len(NODES), "all three nodes joined", timeout=240.0)
             times["all joined"] = time.monotonic() - t0
             nursery.cancel_scope.cancel()  # the learner goes away mid-run
 

@@ -66,9 +66,8 @@ def test_one_node_per_backend_all_used_in_training(tmp_path: Path):
             used[backends[peer]] = used.get(backends[peer], 0) + n
     assert set(used) == set(BACKENDS), (used, logs)
     assert sum(used.values()) == 2 * 3 * 2
-    for peer, info in svc.nodes.items():
-        hello = info.hello
-        assert hello.tokens_per_s > 0, (hello.backend, "the join probe must reach the hello")
+    for hello in svc.roster.statistics().nodes:  # what the learner kept of each hello
+        assert hello.announced_tokens_per_s > 0, (hello.backend, "the join probe must reach the hello")
         assert int(hello.extra["cores"]) >= 1 and hello.extra["hw_kind"] == "cpu"
         assert hello.memory_bytes > 0
     assert all(p.returncode == 0 for p in procs), logs

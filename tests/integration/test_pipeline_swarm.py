@@ -94,7 +94,7 @@ def test_pipeline_and_llamacpp_train_together_and_a_lost_stage_is_recovered(tmp_
             if not pipes:
                 continue
             stages = [s[0] for s in pipes[0]["stages"]]
-            if not any(le.peer_id == stages[0] for le in svc.coordinator.leases.values()):
+            if not any(le.peer_id == stages[0] for le in svc.coordinator.ledger.leases.values()):
                 continue
             target = stages[-1]
             if replica:

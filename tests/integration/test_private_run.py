@@ -63,8 +63,8 @@ async def stranger_asks(tmp: Path, learner_addr: str, svc) -> dict:
         ack = await host.request(learner, DISSEM_HAVE, HaveVersion(version=1, completed_at=time.time()), HaveAck)
         got["dissem_have"] = ack.ok
         got["stranger"] = host.peer_id
-        for node in list(svc.nodes.values())[:1]:  # the content id, as an admitted peer might pass it on
-            await host.connect(node.hello.addrs[0])
+        for node in svc.roster.statistics().nodes[:1]:  # the content id, as an admitted peer might pass it on
+            await host.connect(node.addrs[0])
             got["node_chunks"] = await ask_chunks(host, node.peer_id, model_content_id(svc.model_serve.manifest))
             got["node_run_info"] = (await ask_run_info(host, node.peer_id)).learner_addrs
     return got
@@ -88,7 +88,7 @@ def test_a_private_run_refuses_a_stranger_everything_and_its_member_trains(tmp_p
                 log = open(tmp_path / "member.log", "w")
                 procs.append(subprocess.Popen(cmd + ["--no-probe", "--token", token], stdout=log,
                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-                while not seen["svc"].nodes:
+                while not len(seen["svc"].roster):
                     await trio.sleep(0.5)
                 seen["during"] = await stranger_asks(tmp_path / "b", addrs[0], seen["svc"])
 
@@ -99,7 +99,7 @@ def test_a_private_run_refuses_a_stranger_everything_and_its_member_trains(tmp_p
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2], (tmp_path / "member.log").read_text()[-3000:]
     svc = seen["svc"]
-    assert len(svc.nodes) == 1 and svc.coordinator.counts() == {"trained": 4}
+    assert len(svc.roster) == 1 and svc.coordinator.counts() == {"trained": 4}
     for phase in ("before", "during"):
         got = seen[phase]
         no_manifest, reason, holders = got["model_manifest"]

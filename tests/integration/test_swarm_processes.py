@@ -91,9 +91,9 @@ def test_killed_node_lease_expires_and_is_reissued(tmp_path):
             victim = spawn_node(addrs[0], tmp_path, "victim")
             procs.append(victim)
             with trio.fail_after(120):
-                while not coord.leases:  # the victim holds a lease
+                while not coord.ledger.leases:  # the victim holds a lease
                     await trio.sleep(0.05)
-            victim_peer = next(iter(coord.leases.values())).peer_id
+            victim_peer = next(iter(coord.ledger.leases.values())).peer_id
             victim.send_signal(signal.SIGKILL)
             seen["victim"] = victim_peer
             procs.append(spawn_node(addrs[0], tmp_path, "survivor"))

@@ -105,7 +105,7 @@ def test_async_interleavings_keep_the_bound_and_lose_nothing(s, capacity, action
         # every group is accounted for, after every action
         assert len(coord.ledger) == added
         for gid, state in coord.ledger.items():
-            assert state in (PENDING, LEASED, COMPLETED, TRAINED, "dropped:stale", "dropped:evicted")
+            assert coord.ledger.label(gid) in (PENDING, LEASED, COMPLETED, TRAINED, "dropped:stale", "dropped:evicted")
             assert (gid in coord.completed) == (state == COMPLETED)
         assert sorted(trained) == sorted(g for g, st_ in coord.ledger.items() if st_ == TRAINED)
         assert len(coord.completed) <= capacity

@@ -27,7 +27,7 @@ def test_lease_submit_take():
     assert c.ledger == {"g0": LEASED, "g1": LEASED, "g2": PENDING}
     acc, rej = c.submit("A", lease.lease_id, [result("g0"), result("g1")], now=1.0)
     assert acc == ["g0", "g1"] and rej == {}
-    assert lease.lease_id not in c.leases
+    assert lease.lease_id not in c.ledger.leases
     taken = c.take(["g0", "g1"])
     assert [t.peer_id for t in taken] == ["A", "A"]
     assert c.ledger["g0"] == TRAINED
@@ -56,19 +56,19 @@ def test_bad_results_are_rejected_and_group_goes_back_to_pending_at_once(bad, re
     acc, rej = c.submit("A", lease.lease_id, [bad], now=1.0)
     assert acc == [] and reason in rej[bad.group_id]
     if bad.group_id == "g2":  # not in A's lease: nothing of A's lease changes
-        assert c.ledger["g0"] == LEASED and c.ledger["g2"] == PENDING and list(c.queue) == ["g2"]
+        assert c.ledger["g0"] == LEASED and c.ledger["g2"] == PENDING and c.ledger.pending_order() == ["g2"]
         return
     # the refused group is pending again at the front of the queue, long before the lease expires
-    assert c.ledger["g0"] == PENDING and c.queue[0] == "g0" and c.ledger["g1"] == LEASED
+    assert c.ledger["g0"] == PENDING and c.ledger.pending_order()[0] == "g0" and c.ledger["g1"] == LEASED
     assert sum(c.rejections.values()) == 1
     # not leased to the peer whose result was refused, but to anyone else
     again = c.lease("A", 1, now=1.5)
-    assert again.group_ids == ["g2"] and c.queue[0] == "g0"
+    assert again.group_ids == ["g2"] and c.ledger.pending_order()[0] == "g0"
     other = c.lease("B", 1, now=2.0)
     assert other.group_ids == ["g0"]
     # A's lease still holds g1; once g1 arrives the lease is closed
     acc, _ = c.submit("A", lease.lease_id, [result("g1")], now=3.0)
-    assert acc == ["g1"] and lease.lease_id not in c.leases
+    assert acc == ["g1"] and lease.lease_id not in c.ledger.leases
 
 
 def test_a_rejected_push_on_an_expired_lease_never_requeues_another_peers_group():
@@ -78,7 +78,7 @@ def test_a_rejected_push_on_an_expired_lease_never_requeues_another_peers_group(
     second = c.lease("B", 2, now=6.0)
     _, rej = c.submit("A", first.lease_id, [result("g0", n=G + 1)], now=7.0)
     assert "group_size" in rej["g0"]
-    assert c.ledger["g0"] == LEASED and "g0" in second.open_groups and "g0" not in c.queue
+    assert c.ledger["g0"] == LEASED and "g0" in second.open_groups and "g0" not in c.ledger.pending_order()
 
 
 def test_a_failed_deeper_verification_also_requeues():

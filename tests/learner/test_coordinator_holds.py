@@ -39,7 +39,7 @@ def test_held_groups_are_done_for_the_node_but_not_trainable_until_released():
     acc = push(c, "A", lease)
     hid = c.hold(acc)
     assert all(c.ledger[g] == HELD for g in acc) and c.holding(hid) == acc
-    assert lease.lease_id not in c.leases  # the lease is finished: the node may take new work
+    assert lease.lease_id not in c.ledger.leases  # the lease is finished: the node may take new work
     assert c.ready() == 0 and c.completed_ids() == [] and c.in_flight() == 4
     with pytest.raises(ValueError):
         c.take(acc)
@@ -80,7 +80,7 @@ def test_a_discarded_hold_goes_back_to_pending_for_anyone():
     hid = c.hold(push(c, "A", lease))
     assert c.discard_hold(hid, "verify_error") == lease.group_ids
     assert [c.ledger[g] for g in lease.group_ids] == [PENDING, PENDING] and c.completed == {}
-    assert list(c.queue)[:2] == lease.group_ids and c.take_drop_counts() == {"verify_error": 2}
+    assert c.ledger.pending_order()[:2] == lease.group_ids and c.take_drop_counts() == {"verify_error": 2}
     assert c.lease("A", 2, now=1.0).group_ids == lease.group_ids  # the peer is not blamed
 
 
@@ -105,7 +105,7 @@ def test_async_held_groups_stay_buffered_skip_batches_and_expire():
     assert sorted(g.spec.group_id for g in c.take_batch(4)) == sorted(lb.group_ids)  # held ones left
     assert all(c.ledger[g] == HELD for g in la.group_ids)
     c.set_version(1)  # staleness 0: the held groups expire like any other
-    assert all(c.ledger[g] == "dropped:stale" for g in la.group_ids)
+    assert all(c.ledger.label(g) == "dropped:stale" for g in la.group_ids)
     assert c.holds == {} and c.held == {} and c.release(hid) == []
 
 
@@ -116,7 +116,7 @@ def test_an_evicted_held_group_leaves_its_hold():
     c.set_version(1)
     for peer in ("B", "C"):
         push(c, peer, c.lease(peer, 1, now=0.0))  # v1 groups: the v0 held one is evicted
-    assert c.ledger[l0.group_ids[0]] == "dropped:evicted" and c.holding(hid) == [] and c.held == {}
+    assert c.ledger.label(l0.group_ids[0]) == "dropped:evicted" and c.holding(hid) == [] and c.held == {}
 
 
 def check_ledger(c: Coordinator, trained: list[str]) -> None:
@@ -125,7 +125,7 @@ def check_ledger(c: Coordinator, trained: list[str]) -> None:
     assert sorted(held_in_holds) == sorted(c.held) == sorted(g for g, s in c.ledger.items() if s == HELD)
     assert all(c.held[g] == h for h, gids in c.holds.items() for g in gids) and all(c.holds.values())
     for gid, state in c.ledger.items():
-        assert state in (PENDING, LEASED, HELD, COMPLETED, TRAINED) or state.startswith("dropped:")
+        assert state in (PENDING, LEASED, HELD, COMPLETED, TRAINED) or c.ledger.label(gid).startswith("dropped:")
         assert (gid in c.completed) == (state in (HELD, COMPLETED))
     assert len(trained) == len(set(trained))
     assert sorted(trained) == sorted(g for g, s in c.ledger.items() if s == TRAINED)

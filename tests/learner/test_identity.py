@@ -4,12 +4,12 @@ learner that comes back on another port being found again through the DHT (real 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import trio
 
 from learner.config import LearnerConfig
+from learner.roster import NodeRoster
 from learner.identity import (
     MAX_ADDRS_PER_PEER,
     PEERS_FILE,
@@ -25,6 +25,7 @@ from swarm.discovery.bootstrap import LearnerLocator
 from swarm.discovery.dht import open_discovery
 from swarm.discovery.keys import run_key
 from swarm.host import HostConfig, open_host
+from swarm.proto.hello import Hello
 
 LOOP = "/ip4/127.0.0.1/tcp/0"
 
@@ -85,10 +86,11 @@ def test_a_learner_back_on_another_port_is_found_through_the_dht(tmp_path):
                     assert (await locator.connect())[0] == first_id
                     locator.run = "run-r"  # learnt from the hello ack
                     # The learner saves the addresses of the nodes that said hello.
-                    service = SimpleNamespace(nodes={n.peer_id: SimpleNamespace(hello=SimpleNamespace(
-                        addrs=n.advertised_addrs(l1.peer_id)))})
+                    roster = NodeRoster()
+                    roster.admit(n.peer_id, Hello(backend="llamacpp", device="cpu", memory_bytes=1, tokens_per_s=1.0,
+                                                  addrs=n.advertised_addrs(l1.peer_id)), 0.0)
                     with trio.move_on_after(0.5):
-                        await keep_peers(key_dir, service, every_s=0.1)
+                        await keep_peers(key_dir, roster, every_s=0.1)
                 assert remembered_peers(key_dir) == n.advertised_addrs(first_id)
                 async with open_host(key_dir, listen_addr=LOOP, config=fast) as l2, open_discovery(l2) as d2:
                     assert l2.peer_id == first_id and l2.addrs[0] != first_addr

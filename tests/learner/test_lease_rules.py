@@ -178,9 +178,12 @@ def test_idle_strangers_are_forgotten_and_idle_contributors_keep_only_their_figu
         await svc.on_work(WorkRequest(have_version=-1, max_groups=1), "holder")  # holds a lease
         await trio.sleep(IDLE_FORGET_S + 1)
         await svc.on_hello(Hello(backend="torch", device="cpu", memory_bytes=1, tokens_per_s=1.0), "newcomer")
-        assert sorted(svc.nodes) == ["holder", "newcomer", "worker"]
-        assert svc.nodes["worker"].hello.extra == {} and svc.nodes["worker"].hello.addrs == []
+        assert sorted(svc.roster) == ["holder", "newcomer", "worker"]
+        worker, holder = svc.roster.get("worker"), svc.roster.get("holder")
+        assert worker.extra == {} and worker.addrs == ()
         assert svc.swarm_summary()["nodes"]["worker"]["groups"] == 1
-        assert svc.nodes["holder"].hello.extra == big.extra  # holds a lease: untouched
+        # holds a lease: untouched (its hello's extra as the roster keeps any: 16 entries, 128 characters)
+        assert holder.addrs == tuple(big.addrs) and holder.extra == {k: "x" * 128 for k in sorted(big.extra)[:16]}
+        assert svc.roster.statistics().forgotten == 50
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -164,7 +164,7 @@ def test_release_groups_requeues_at_once_and_notes_the_path():
     back = c.release_groups("head", lease.lease_id, ["g1", "g2", "nope"], "stage_lost: re-leased")
     assert back == ["g1", "g2"]
     assert c.ledger == {"g0": LEASED, "g1": PENDING, "g2": PENDING}
-    assert list(c.queue)[:2] == ["g1", "g2"]
+    assert c.ledger.pending_order()[:2] == ["g1", "g2"]
     assert c.notes["g1"] == [f"stage_lost: re-leased ({lease.lease_id})"]
     assert c.failovers["stage_lost: re-leased"] == 2
     # re-leased elsewhere and completed there; a second release of the same groups does nothing
@@ -174,7 +174,7 @@ def test_release_groups_requeues_at_once_and_notes_the_path():
     acc, _ = c.submit("llama", other.lease_id, [result("g1"), result("g2")], now=2.0)
     acc0, _ = c.submit("head", lease.lease_id, [result("g0")], now=2.0)
     assert acc == ["g1", "g2"] and acc0 == ["g0"]
-    assert set(c.ledger.values()) == {COMPLETED} and not c.leases
+    assert set(c.ledger.values()) == {COMPLETED} and not c.ledger.leases
     c.take(["g0", "g1", "g2"])
     with pytest.raises(ValueError):
         c.take(["g1"])
@@ -301,7 +301,7 @@ def test_geometry_out_of_range_is_refused():
 
 
 def test_the_learners_probe_opens_a_stage_stream_and_fails_on_a_gone_peer(tmp_path):
-    from learner.pipelines import stage_alive
+    from learner.stage_requests import stage_alive
     from swarm.host import open_host
     from swarm.pipeline.proto import PIPELINE
 

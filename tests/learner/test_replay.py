@@ -6,10 +6,14 @@ from __future__ import annotations
 import math
 
 import pytest
+import trio
 
+from learner.coordinator import Coordinator, Limits
 from learner.ledger import WorkLedger
 from learner.replay import ReplayBudget, ReplayConfig, compare_group, numerics_of, replayable
+from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from swarm.config import ConfigError
+from swarm.proto.hello import Hello
 
 SHA = "ab" * 32
 EXTRA = {"llama_build": "llama-cpp-python 0.3.36 | CPU : AVX2 = 1", "gguf_sha256": SHA, "max_group": "8",
@@ -156,12 +160,14 @@ def test_the_report_and_the_dashboard_show_each_nodes_checked_work(tmp_path):
     html = nodes_html(list(rows.values()))
     assert "verified by" in html and "replay 3, stats 1" in html and "failed checks" in html
 
-    hello = SimpleNamespace(backend="llamacpp", device="cpu", memory_bytes=0, tokens_per_s=0.0, extra={})
-    node = SimpleNamespace(hello=hello, gen_s=1.0, gen_tokens=900, completions_pushed=8, groups_pushed=4,
-                           rejected_groups=0, last_seen=0.0)
-    service = SimpleNamespace(coordinator=SimpleNamespace(version=1, completed={}, leases={}),
-                              nodes={"honest-peer-aaaaaa": node}, ledger=led, dissem=None)
-    (row,) = nodes_view(service, now=1.0)
+    coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
+    service = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",
+                                                    model_name="m", long_poll_s=1.0), ledger=led)
+    hello = Hello(backend="llamacpp", device="cpu", memory_bytes=0, tokens_per_s=0.0)
+    trio.run(service.on_hello, hello, "honest-peer-aaaaaa")
+    service.roster.record_push("honest-peer-aaaaaa", 4, 8, 0, 900, 1.0)
+    (row,) = nodes_view(service.statistics(), now=1.0)
+    assert row["tokens_per_s"] == 900.0 and row["rollouts"] == 8
     assert row["verified"] == "replay 3, stats 1" and row["trained_groups"] == 4 and row["failed_checks"] == ""
 
 

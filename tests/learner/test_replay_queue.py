@@ -7,7 +7,6 @@ The replayer is a fake that compares with fixed "replayed" tokens; the real one 
 
 from __future__ import annotations
 
-import types
 
 import numpy as np
 import trio
@@ -16,7 +15,7 @@ from learner.admission import Admission, AdmissionPolicy
 from learner.coordinator import Coordinator, GroupSpec, Limits
 from learner.replay import compare_group
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
-from learner.verify import Scored, Verifier
+from learner.verify import Scored, Verifier, VerifyConfig
 from swarm.proto.hello import Hello
 from swarm.proto.rollouts import Completion, GroupResult, RolloutPush
 from swarm.proto.work import WorkRequest
@@ -51,8 +50,8 @@ class FakeReplay:
 def setup(in_step: bool):
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(6)])
-    cfg = types.SimpleNamespace(first_groups=5, sample_frac=0.0, budget_s_per_step=0.0,
-                                max_mean_abs_diff={"default": 0.3}, max_abs_z=100.0, surprisal_slack=0.2)
+    cfg = VerifyConfig(first_groups=5, sample_frac=0.0, budget_s_per_step=0.0,
+                       max_mean_abs_diff={"default": 0.3}, max_abs_z=100.0, surprisal_slack=0.2)
     verifier = FixedScores(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0, in_step=in_step)
     replay = FakeReplay()
     svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",

@@ -8,6 +8,7 @@ import pytest
 from learner.checkpoint import load_open_problems, open_problem_refs, run_identity, save_state
 from learner.coordinator import Coordinator, GroupSpec, Limits
 from learner.metrics import MetricsWriter, read_metrics
+from swarm.proto.rollouts import Completion, GroupResult
 
 
 class FakeTrainer:
@@ -50,8 +51,12 @@ def test_open_groups_are_saved_with_the_checkpoint(tmp_path):
     c = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=10, groups_per_lease=1)
     c.add_groups([GroupSpec(f"g{i}", [1], str(i)) for i in range(4)])
     c.lease("A", 1, now=0.0)
-    c.ledger["g3"] = "trained"
-    c.ledger["g2"] = "dropped:stale"
+    c.refused_by.update({"g1": {"B"}, "g2": {"B"}})  # B's lease skips them: it takes g3
+    lease = c.lease("B", 1, now=0.0)
+    assert lease is not None and lease.group_ids == ["g3"]
+    c.submit("B", lease.lease_id, [GroupResult("g3", 0, [Completion([5], [-0.1], "stop")] * 2)], now=1.0)
+    c.take(["g3"])  # trained
+    c.drop("g2", "stale")
     save_state(tmp_path, FakeTrainer(), State(3), open_problem_refs(c))
     assert load_open_problems(tmp_path) == ["0", "1"]  # leased and pending, in order
     save_state(tmp_path, FakeTrainer(), State(4))

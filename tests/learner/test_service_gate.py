@@ -36,7 +36,7 @@ def test_gate_holds_leases_until_enough_nodes_wait_then_shares_them():
                 n.start_soon(ask, "fast")
                 n.start_soon(ask, "mid")
                 await trio.sleep(0.2)
-                assert got == {} and not svc.coordinator.leases  # two waiting: still closed
+                assert got == {} and not svc.coordinator.ledger.leases  # two waiting: still closed
                 n.start_soon(ask, "slow")
 
     trio.run(main)

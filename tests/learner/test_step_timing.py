@@ -10,6 +10,8 @@ import pytest
 import torch
 import trio
 
+from learner.roster import NodeRoster
+from swarm.proto.hello import Hello
 from learner.coordinator import CompletedGroup, GroupSpec
 from learner.models import ResolvedModel
 from learner.report import breakdown_markdown, step_breakdown
@@ -78,9 +80,11 @@ class _Tokenizer:
 
 class _Service:
     def __init__(self):
-        self.nodes = {"peerA": SimpleNamespace(gen_s=0.0)}
+        self.roster = NodeRoster()
+        self.roster.admit("peerA", Hello(backend="llamacpp", device="cpu", memory_bytes=1, tokens_per_s=1.0), 0.0)
         self.published = []
         self.dissem = None
+        self.checks = None
 
     def publish(self, reply):
         self.published.append(reply.version)
@@ -114,13 +118,13 @@ def test_a_learner_step_row_has_the_breakdown(tiny_model):
     service = _Service()
     ctx = SimpleNamespace(state=SimpleNamespace(step=0, version=0), cfg=SimpleNamespace(train=SimpleNamespace(
         behaviour_check=False)), coord=SimpleNamespace(take_drop_counts=dict, completed={}), service=service,
-        trainer=trainer, train=trainer.train_step, task=_Task(), tokenizer=_Tokenizer())
+        trainer=trainer, train=trainer.train_step, task=_Task(), tokenizer=_Tokenizer(), dissem_watch=None)
 
     async def step():
         t0 = time.perf_counter()
         gen0 = {"peerA": 0.0}
         await trio.sleep(0.05)  # the wait for the batch; a node reports 0.04 s of generation
-        service.nodes["peerA"].gen_s = 0.04
+        service.roster.record_push("peerA", 0, 0, 0, 0, 0.04)
         return await _train_and_publish(ctx, _groups(), t0, time.perf_counter() - t0, gen0)
 
     row = trio.run(step)
@@ -153,7 +157,7 @@ class _Dissem:
 
 def test_dissem_watch_times_a_version_until_every_member_holds_it():
     dissem = _Dissem()
-    watch = DissemWatch.start(SimpleNamespace(dissem=dissem), 3)
+    watch = DissemWatch.start(dissem, 3)
     assert watch.peers == ["p1", "p2"]
 
     async def main():
@@ -171,10 +175,10 @@ def test_dissem_watch_times_a_version_until_every_member_holds_it():
     trio.run(main)
     f = watch.fields()
     assert f["time_dissem_s"] >= 0.05 and 0.01 <= f["time_dissem_encode_s"] <= f["time_dissem_s"]
-    assert DissemWatch.start(SimpleNamespace(dissem=None), 1) is None
+    assert DissemWatch.start(None, 1) is None
     direct = _Dissem()
     direct.cfg = SimpleNamespace(mode="direct")
-    assert DissemWatch.start(SimpleNamespace(dissem=direct), 1) is None
+    assert DissemWatch.start(direct, 1) is None
 
 
 def test_report_breakdown_is_mean_seconds_and_share():

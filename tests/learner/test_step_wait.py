@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import trio
 
+from learner.roster import NodeRoster
 from learner.steps import _wait_ready
 
 
 class _Service:
     def __init__(self) -> None:
         self.changed = trio.Event()
-        self.nodes: dict = {}
+        self.roster = NodeRoster()
 
     async def wait_changed(self) -> None:
         await self.changed.wait()

@@ -7,7 +7,6 @@ processes are in ``tests/integration/test_validators.py``."""
 
 from __future__ import annotations
 
-import types
 
 import numpy as np
 import trio
@@ -16,7 +15,7 @@ from learner.admission import Admission, AdmissionPolicy
 from learner.coordinator import Coordinator, GroupSpec, Limits
 from learner.service import LearnerService, Refused, SamplingDefaults, ServiceSettings
 from learner.validator_desk import ValidatorConfig
-from learner.verify import Scored, Verifier
+from learner.verify import Scored, Verifier, VerifyConfig
 from swarm.proto.hello import Hello
 from swarm.proto.rollouts import Completion, GroupResult, RolloutPush
 from swarm.proto.validate import ValidateResult
@@ -34,8 +33,8 @@ class FixedScores(Verifier):
 def setup(validators: ValidatorConfig | None = None):
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(8)])
-    cfg = types.SimpleNamespace(first_groups=5, sample_frac=0.0, budget_s_per_step=0.0,
-                                max_mean_abs_diff={"default": 0.3}, max_abs_z=100.0, surprisal_slack=0.2)
+    cfg = VerifyConfig(first_groups=5, sample_frac=0.0, budget_s_per_step=0.0,
+                       max_mean_abs_diff={"default": 0.3}, max_abs_z=100.0, surprisal_slack=0.2)
     verifier = FixedScores(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0, in_step=False)
     return LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",
                                                  model_name="m", long_poll_s=0.2),

@@ -17,7 +17,7 @@ from learner.checkpoint import open_problem_refs
 from learner.coordinator import COMPLETED, HELD, PENDING, TRAINED, Coordinator, GroupSpec, Limits
 from learner.service import LearnerService, Refused, SamplingDefaults, ServiceSettings
 from learner.steps import _wait_until
-from learner.verify import Scored, Verifier
+from learner.verify import Scored, Verifier, VerifyConfig
 from swarm.proto.hello import Hello
 from swarm.proto.rollouts import Completion, GroupResult, RolloutPush
 from swarm.proto.work import WorkRequest
@@ -48,8 +48,8 @@ class GatedScores(Verifier):
 def setup(n_groups: int = 4, first_groups: int = 1) -> tuple[LearnerService, GatedScores]:
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(n_groups)])
-    cfg = types.SimpleNamespace(first_groups=first_groups, sample_frac=0.0, budget_s_per_step=0.0,
-                                max_mean_abs_diff={"default": 0.3}, max_abs_z=4.0, surprisal_slack=0.2)
+    cfg = VerifyConfig(first_groups=first_groups, sample_frac=0.0, budget_s_per_step=0.0,
+                       max_mean_abs_diff={"default": 0.3}, max_abs_z=4.0, surprisal_slack=0.2)
     verifier = GatedScores(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0)
     svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",
                                                 model_name="m", long_poll_s=0.2),
@@ -75,7 +75,8 @@ async def generate_and_push(svc: LearnerService, peer: str, token: int = 5):
 
 
 def step_ctx(svc: LearnerService):
-    return types.SimpleNamespace(service=svc, state=types.SimpleNamespace(step=0), console=lambda s: None)
+    return types.SimpleNamespace(service=svc, state=types.SimpleNamespace(step=0), console=lambda s: None,
+                                 dissem_watch=None)
 
 
 def test_the_ack_comes_before_the_check_and_the_batch_waits_for_it():
@@ -137,7 +138,7 @@ def test_a_failed_check_untrusts_the_peer_and_reissues_its_held_groups_none_trai
                     await svc.wait_changed()
             assert svc.admission.untrusted["cheat"].startswith(f"unverified: group {g0}: claimed log-probs differ")
             assert coord.ledger[g0] == coord.ledger[g1] == PENDING and coord.holds == {}
-            assert coord.take_drop_counts() == {"unverified": 2} and "cheat" not in svc.nodes
+            assert coord.take_drop_counts() == {"unverified": 2} and "cheat" not in svc.roster
             assert svc.take_contributions() == {}
             # the cheater is refused from now on; the honest node generates both groups again
             with pytest.raises(Refused):  # forgotten: its next request is refused outright ...
@@ -171,7 +172,7 @@ def test_a_check_that_cannot_run_reissues_the_push_without_blaming_the_peer():
                 while coord.ledger[g0] == HELD:
                     await svc.wait_changed()
             assert coord.ledger[g0] == PENDING and coord.take_drop_counts() == {"verify_error": 1}
-            assert svc.admission.untrusted == {} and "A" in svc.nodes
+            assert svc.admission.untrusted == {} and "A" in svc.roster
             assert coord.lease("A", 1, now=trio.current_time()).group_ids == [g0]
             svc.finish()
 

@@ -6,9 +6,9 @@ import types
 import numpy as np
 import pytest
 
-from learner.verify import Scored, Verifier
+from learner.verify import VerifyConfig, Scored, Verifier
 
-CFG = types.SimpleNamespace(first_groups=2, sample_frac=1.0, budget_s_per_step=0.0,
+CFG = VerifyConfig(first_groups=2, sample_frac=1.0, budget_s_per_step=0.0,
                             max_mean_abs_diff={"default": 0.3}, max_abs_z=4.0, surprisal_slack=0.2)
 
 

@@ -9,6 +9,7 @@ point per step. A screenshot is kept: under pytest's tmp dir, and copied to
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -37,6 +38,11 @@ PAGE_STATE = """(() => ({
   points: document.querySelectorAll('#reward-chart circle.pt[data-series="reward"]').length,
   conn: (document.getElementById('conn') || {}).textContent || '',
   marker: window.__loadedOnce === true,
+  run: (Array.from(document.querySelectorAll('table.kv tr')).find(r => r.cells[0].textContent === 'run')
+        || {cells: [{}, {textContent: ''}]}).cells[1].textContent,
+  columns: Array.from(document.querySelectorAll('#nodes-table th')).map(th => th.textContent),
+  names: Array.from(document.querySelectorAll('tr.node')).map(r => r.cells[1].textContent).sort(),
+  tree: document.querySelectorAll('ul.tree li').length,
 }))()"""
 
 
@@ -65,7 +71,8 @@ def test_dashboard_in_chromium_during_a_two_node_run(tmp_path):
                 state = await page.evaluate(PAGE_STATE)
                 if not seen or state != seen[-1]:
                     seen.append(state)
-                if state["step"] >= STEPS and len(state["backends"]) == 2 and state["points"] >= STEPS:
+                if (state["step"] >= STEPS and len(state["backends"]) == 2 and state["points"] >= STEPS
+                        and state["tree"] >= 2 and "leaf" in state["columns"]):
                     await trio.sleep(0.5)
                     await page.screenshot(shot)
                     return
@@ -103,6 +110,12 @@ def test_dashboard_in_chromium_during_a_two_node_run(tmp_path):
     assert points[0] < points[-1] == STEPS, seen  # the reward chart grew as steps arrived
     assert all(s["points"] == s["step"] for s in seen if s["step"] >= 0), seen
     assert last["marker"] and last["conn"].startswith("live"), seen  # one page load, updated by SSE
+    # what each part knows, as the page shows it: the run id, the nodes' names, trust, reachability,
+    # place in the broadcast tree and in the pipelines, and the tree itself
+    assert last["run"] == json.loads((tmp_path / "run" / "run.json").read_text())["run_id"], seen
+    assert last["names"] == ["node-0", "node-1"], seen
+    assert {"name", "trusted", "reachable", "leaf", "stage"} <= set(last["columns"]), seen
+    assert last["tree"] >= 2, seen
     assert shot.stat().st_size > 10_000
     out = artifact_dir()
     out.mkdir(parents=True, exist_ok=True)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
-import types
 
+from learner.dissem_report import Delivery, DissemStats, MemberView, TreeView, VersionDelivery
 from learner.web.state import dissem_view, ledger_from_counts, snapshot, steps_view
-from swarm.dissem.tree import Plan, TreeNode
-from swarm.proto.dissem import HaveVersion
 from web_fixtures import PEER_A, PEER_B, metrics_rows
 
 
@@ -30,7 +28,7 @@ def test_snapshot_reads_nodes_ledger_steps_and_is_json(learner_objects):
     src.service.coordinator.version = 2
     a2 = next(n for n in snapshot(src)["nodes"] if n["peer_id"] == PEER_A)
     assert a2["push_staleness"] == 2 and a2["lag"] == 2
-    assert "trusted" not in a  # absent fields are not invented
+    assert a["trusted"] == "yes" and "reachable" not in a  # no dissemination service: nothing measured
     ledger = snap["ledger"]
     assert ledger["completed"] == 1 and ledger["leased"] == 1 and ledger["pending"] == 2
     assert ledger["dropped"] == {"stale": 1} and ledger["dropped_total"] == 1 and ledger["total"] == 5
@@ -39,22 +37,24 @@ def test_snapshot_reads_nodes_ledger_steps_and_is_json(learner_objects):
 def test_snapshot_changes_nothing(learner_objects):
     src = learner_objects
     coord = src.service.coordinator
-    before = (copy.deepcopy(coord.ledger), dict(coord.drop_counts), dict(src.service.contributions),
-              list(coord.queue), sorted(coord.leases))
+    roster = src.service.roster
+    before = (dict(copy.deepcopy(coord.ledger)), dict(coord.drop_counts), roster.statistics(),
+              coord.ledger.pending_order(), sorted(coord.ledger.leases), coord.statistics())
     for _ in range(3):
         snapshot(src)
-    after = (coord.ledger, dict(coord.drop_counts), dict(src.service.contributions), list(coord.queue),
-             sorted(coord.leases))
+    after = (dict(coord.ledger), dict(coord.drop_counts), roster.statistics(), coord.ledger.pending_order(),
+             sorted(coord.ledger.leases), coord.statistics())
     assert before == after
+    assert roster.take_contributions() == {PEER_A: 2}  # the step's credit is still there to take
 
 
-def test_optional_node_fields_shown_when_present(learner_objects):
+def test_an_untrusted_node_is_listed_with_the_reason(learner_objects):
     src = learner_objects
-    src.service.nodes[PEER_A].trusted = False
-    src.service.nodes[PEER_A].stage = (0, 15)
-    nodes = {n["peer_id"]: n for n in snapshot(src)["nodes"]}
-    assert nodes[PEER_A]["trusted"] is False and nodes[PEER_A]["stage"] == [0, 15]
-    assert "trusted" not in nodes[PEER_B]
+    src.service.untrust(PEER_B, "unverified: made up")
+    snap = snapshot(src)
+    nodes = {n["peer_id"]: n for n in snap["nodes"]}
+    assert nodes[PEER_B]["trusted"] == "no: unverified: made up" and nodes[PEER_A]["trusted"] == "yes"
+    assert snap["status"]["nodes"] == 1 and nodes[PEER_B]["leased_groups"] == 0  # its lease was revoked
 
 
 def test_steps_view_rolling_mean_and_eval_points():
@@ -68,11 +68,10 @@ def test_steps_view_rolling_mean_and_eval_points():
 
 
 def test_dissem_view_delivery_times_and_tree():
-    plan = Plan("tree", 1, [[TreeNode(PEER_A, [TreeNode(PEER_B)])]])
-    dissem = types.SimpleNamespace(
-        cfg=types.SimpleNamespace(mode="tree", codec="fp16", fan_out=2),
-        have={1: {PEER_A: HaveVersion(1, 100.5, pushed=3), PEER_B: HaveVersion(1, 101.25, pushed=1, repaired=2)}},
-        started_at={1: 100.0}, members={PEER_A: 1, PEER_B: 2}, _plan=(("k",), plan))
+    members = {PEER_A: MemberView(PEER_A, True, False, "", ""), PEER_B: MemberView(PEER_B, False, True, "", "")}
+    deliveries = (Delivery(PEER_A, 100.5, 3, 0, 0), Delivery(PEER_B, 101.25, 1, 2, 0))
+    dissem = DissemStats("tree", "fp16", 2, members, (VersionDelivery(1, 100.0, deliveries),),
+                         ((TreeView(PEER_A, (TreeView(PEER_B, ()),)),),), 2)
     view = dissem_view(dissem)
     v = view["versions"][0]
     assert v["deliveries"][PEER_A[-6:]]["seconds"] == 0.5 and v["deliveries"][PEER_B[-6:]]["repaired"] == 2

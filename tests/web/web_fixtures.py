@@ -6,13 +6,13 @@ group, one holds a lease, one group was dropped; two metrics rows.
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import trio
 
+from learner.checkpoint import LoopState
 from learner.config import LearnerConfig
 from learner.coordinator import Coordinator, GroupSpec, Limits
+from learner.metrics import MetricsWriter
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from learner.web.state import DashboardSource
 from swarm.proto.hello import Hello
@@ -40,15 +40,23 @@ async def populate(svc: LearnerService) -> None:
     svc.coordinator.drop("g3", "stale")
 
 
+def written(run_dir, rows: list[dict]) -> MetricsWriter:
+    """A real metrics writer that wrote ``rows``."""
+    metrics = MetricsWriter(run_dir)
+    for row in rows:
+        metrics.write(row)
+    return metrics
+
+
 @pytest.fixture
-def learner_objects():
+def learner_objects(tmp_path):
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(5)])
     svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="run1",
                                                 model_name="m", long_poll_s=1.0))
     trio.run(populate, svc)
-    metrics = types.SimpleNamespace(rows=metrics_rows(2))
-    state = types.SimpleNamespace(step=2, version=2)
+    metrics = written(tmp_path, metrics_rows(2))
+    state = LoopState(step=2, version=2)
     cfg = LearnerConfig()
     cfg.train.steps = 5
     src = DashboardSource(cfg=cfg, service=svc, metrics=metrics, state=state, run_dir="runs/x", started_at=1000.0,

@@ -1,0 +1,96 @@
+"""Encoding and signing each adapter version for the dissemination service (:mod:`learner.dissem`).
+
+:meth:`AdapterEncoder.encode_all` is CPU work (run it in a worker thread): it encodes the whole
+adapter with the configured codec, optionally as a delta to the previous version *as the nodes
+decode it*, signs its manifest with the learner host's key, and does the same for the slice of
+every registered layer range (a range's slice is a delta only when the previous version had a
+manifest for that range too). :meth:`AdapterEncoder.commit` (on the trio thread) then makes the
+version the base of the next delta. The codecs work per tensor, so a slice decodes bit-identically
+to the same tensors of the whole version, delta versions included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from common.lora import LoraAdapter
+from learner.config import DissemConfig
+from swarm.dissem.codec import CodecConfig
+from swarm.dissem.manifest import Manifest, build_version, decode_version, sign_manifest
+from swarm.pipeline.layers import slice_for_range
+
+if TYPE_CHECKING:
+    from swarm.host_identity import PrivateKey
+
+Tensors = dict  # tensor name -> array (numpy or torch), as ``LoraAdapter.tensors``
+
+
+@dataclass(frozen=True)
+class EncodedVersion:
+    """One version, encoded and signed."""
+
+    manifest: Manifest
+    chunks: list[bytes]
+    #: The tensors as every node decodes them (served to direct fetches; the next delta's base).
+    recon: Tensors
+    #: Layer range -> the manifest and chunks of its slice.
+    parts: dict[tuple[int, int], tuple[Manifest, list[bytes]]]
+
+
+class AdapterEncoder:
+    def __init__(self, run_id: str, signer: str, private_key: Callable[[], PrivateKey], cfg: DissemConfig) -> None:
+        self.run_id = run_id
+        self.signer = signer
+        self.private_key = private_key
+        self.cfg = cfg
+        self.codec = CodecConfig(cfg.codec, cfg.int8_block, cfg.zstd_level)
+        #: The last version committed, as the nodes decode it (the next delta's base).
+        self._recon: tuple[int, Tensors] | None = None
+        #: Layer range -> the newest version committed with a manifest for it.
+        self._range_published: dict[tuple[int, int], int] = {}
+
+    def _base(self, version: int) -> tuple[int, Tensors] | None:
+        if self.cfg.delta and self._recon is not None and self._recon[0] < version:
+            return self._recon
+        return None
+
+    def encode(self, adapter: LoraAdapter) -> tuple[Manifest, list[bytes], Tensors]:
+        """Encode and sign the whole adapter; also returns the tensors as nodes decode them."""
+        base = self._base(adapter.version)
+        manifest, chunks = build_version(
+            run_id=self.run_id, version=adapter.version, rank=adapter.rank, alpha=adapter.alpha,
+            target_modules=list(adapter.target_modules), tensors=adapter.tensors, codec=self.codec,
+            chunk_bytes=self.cfg.chunk_bytes, signer=self.signer,
+            base=base[1] if base else None, base_version=base[0] if base else -1,
+        )
+        sign_manifest(manifest, self.private_key())
+        recon = decode_version(manifest, b"".join(chunks), base[1] if base else None)
+        return manifest, chunks, recon
+
+    def encode_range(self, adapter: LoraAdapter, rng: tuple[int, int]) -> tuple[Manifest, list[bytes]]:
+        """Encode and sign the manifest of ``rng``'s slice of ``adapter`` (a delta to the previous
+        version's slice when that version had a manifest for ``rng`` too)."""
+        base = self._base(adapter.version)
+        if base is not None and self._range_published.get(rng) != base[0]:
+            base = None
+        sliced = (base[0], slice_for_range(base[1], *rng)) if base is not None else None
+        manifest, chunks = build_version(
+            run_id=self.run_id, version=adapter.version, rank=adapter.rank, alpha=adapter.alpha,
+            target_modules=list(adapter.target_modules), tensors=slice_for_range(adapter.tensors, *rng),
+            codec=self.codec, chunk_bytes=self.cfg.chunk_bytes, signer=self.signer,
+            base=sliced[1] if sliced else None, base_version=sliced[0] if sliced else -1, layers=rng,
+        )
+        return sign_manifest(manifest, self.private_key()), chunks
+
+    def encode_all(self, adapter: LoraAdapter, ranges: list[tuple[int, int]]) -> EncodedVersion:
+        """The whole adapter and each range's slice (CPU work: run it in a thread)."""
+        manifest, chunks, recon = self.encode(adapter)
+        return EncodedVersion(manifest, chunks, recon, {r: self.encode_range(adapter, r) for r in ranges})
+
+    def commit(self, version: int, encoded: EncodedVersion) -> None:
+        """``encoded`` was published: it is the base of the next delta, for its ranges too."""
+        self._recon = (version, encoded.recon)
+        for rng in encoded.parts:
+            self._range_published[rng] = version
