@@ -30,6 +30,7 @@ from pathlib import Path
 import trio
 
 from learner.admission import ReadAccess
+from swarm.changes import Changes
 from swarm.chunks.serve import ChunkServer, chunk_server
 from swarm.content.manifest import DEFAULT_CHUNK_BYTES, build_model_manifest, model_content_id, sign_model_manifest
 from swarm.content.model_id import short
@@ -81,7 +82,7 @@ class LearnerModelServe:
         #: Monotonic times of the first manifest request and of each node's completion report.
         self.first_request_at: float | None = None
         self.completed_at: dict[str, float] = {}
-        self._changed = trio.Event()
+        self._changed = Changes()
 
     @property
     def content_sha256(self) -> str:
@@ -149,8 +150,7 @@ class LearnerModelServe:
             peers = ", ".join(f"{p[-6:]}: {b / 1e6:.1f} MB" for p, b in sorted(msg.from_peers.items()))
             log.info("model: %s holds %s%s", peer_id[-6:], self.manifest.name,
                      f" (fetched in {msg.fetch_s:.1f} s from {peers})" if msg.from_peers else "")
-        self._changed.set()
-        self._changed = trio.Event()
+        self._changed.notify()
         return ModelHaveAck()
 
     async def wait_complete(self, peers: int, timeout_s: float) -> bool:

@@ -27,7 +27,7 @@ import trio
 
 from learner.adapter_versions import AdapterVersions
 from learner.admission import Admission
-from learner.changes import Changes
+from swarm.changes import Changes
 from learner.coordinator import Coordinator
 from learner.dissem import LearnerDissem
 from learner.episodes import EpisodeSettings

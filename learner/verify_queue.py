@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import trio
 
-from learner.changes import Changes
+from swarm.changes import Changes
 from learner.coordinator import Coordinator
 from learner.validator_desk import FALLBACK
 from learner.verify import Verifier
@@ -105,7 +105,7 @@ class VerifyQueue:
         #: groups the learner cannot replay itself; None: those are re-scored statistically.
         self.validators = validators
         self._items: deque[PendingCheck] = deque()
-        self._added = trio.Event()
+        self._added = Changes()
         self.closed = False
         self._scope: trio.CancelScope | None = None
         #: Held while a batch is scored in a worker thread (batches waiting on validators run beside).
@@ -124,11 +124,10 @@ class VerifyQueue:
             return
         self._items.append(item)
         self.last[item.peer_id] = item
-        self._added.set()
+        self._added.notify()
 
     async def _get(self) -> PendingCheck:
         while not self._items:
-            self._added = trio.Event()
             await self._added.wait()
         return self._items.popleft()
 
