@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # llama-cpp-python builds from source; the multimodal part is not needed.
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 
-.PHONY: install demo test test-slow bench clean netns-tools browser-tools
+.PHONY: install demo test test-slow bench config-doc clean netns-tools browser-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ test-slow: $(STAMP) netns-tools browser-tools
 
 bench: $(STAMP)
 	$(BIN)/swarm-bench throughput
+
+# docs/config.md is generated from the config sections (a test checks it is up to date).
+config-doc: $(STAMP)
+	$(BIN)/swarm-learner config --markdown > docs/config.md
 
 # Emulated-host tests (network namespaces) need iproute2 and nftables; installed when root and
 # missing, elsewhere those tests skip with the reason.

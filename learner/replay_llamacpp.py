@@ -15,7 +15,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
-from learner.replay import Numerics, ReplayBudget, ReplayConfig, compare_group, replayable
+from learner.config import ReplayConfig
+from learner.replay import Numerics, ReplayBudget, compare_group, replayable
 from learner.work_desk import SamplingDefaults
 from swarm.proto.work import group_seed
 

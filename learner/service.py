@@ -31,10 +31,11 @@ from swarm.changes import Changes
 from learner.coordinator import Coordinator
 from learner.dissem import LearnerDissem
 from learner.episodes import EpisodeSettings
-from learner.lease_gate import GateSettings, LeaseGate
+from learner.lease_gate import LeaseGate
 from learner.ledger import WorkLedger
 from learner.model_serve import HELLO_MODEL_NAME_KEY, LearnerModelServe, hello_model_check
-from learner.pipelines import PipelineManager, PipelineSettings, describe_pipelines, stage_adapter, stage_report
+from learner.config import PipelineConfig, SyncConfig
+from learner.pipelines import PipelineManager, describe_pipelines, stage_adapter, stage_report
 from learner.validator_desk import ValidatorConfig, ValidatorDesk
 from learner.validators import device_class
 from learner.verify import Verifier
@@ -102,9 +103,9 @@ class ServiceSettings:
     #: names another is refused. Empty = no check.
     model_sha256: str = ""
     #: The fair-start gate (``learner/lease_gate.py``).
-    gate: GateSettings = field(default_factory=GateSettings)
+    gate: SyncConfig = field(default_factory=SyncConfig)
     #: How the pipelines of stage nodes are planned (the ``[pipeline]`` config section).
-    pipeline: PipelineSettings = field(default_factory=PipelineSettings)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
 
 class LearnerService:

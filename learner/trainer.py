@@ -72,9 +72,7 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         self.resolved = model
-        self.train, self.lora = train or TrainConfig(), lora or LoraSettings()
-        self.train.validate()
-        self.lora.validate()
+        self.train, self.lora = train or TrainConfig(), lora or LoraSettings()  # checked when built
         t = self.train
         self.dist = dist if dist is not None and dist.active else None
         if t.torch_threads:

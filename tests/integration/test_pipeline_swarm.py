@@ -64,7 +64,7 @@ def test_pipeline_and_llamacpp_train_together_and_a_lost_stage_is_recovered(tmp_
 
     def on_service(svc) -> None:
         seen["svc"] = svc
-        assert svc.pipelines.settings.plan.cooldown_s == (1e9 if replica else 60.0)
+        assert svc.pipelines.settings.cooldown_s == (1e9 if replica else 60.0)
 
     def peer_of(name: str) -> str | None:
         m = re.search(r"swarm-node: listening on (\S+)", (tmp_path / f"{name}.log").read_text())

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from learner.replay import ReplayConfig, numerics_of
+from learner.config import ReplayConfig
+from learner.replay import numerics_of
 from learner.replay_llamacpp import LlamaCppReplay
 from learner.work_desk import SamplingDefaults
 from swarm.proto.rollouts import Completion, GroupResult

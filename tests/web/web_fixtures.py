@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from learner.config import LearnerConfig
+from swarm.config import with_values
 from learner.coordinator import Coordinator, GroupSpec, Limits
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from learner.web.state import DashboardSource
@@ -49,8 +50,7 @@ def learner_objects():
     trio.run(populate, svc)
     metrics = types.SimpleNamespace(rows=metrics_rows(2))
     state = types.SimpleNamespace(step=2, version=2)
-    cfg = LearnerConfig()
-    cfg.train.steps = 5
+    cfg = with_values(LearnerConfig(), {"train.steps": 5})
     src = DashboardSource(cfg=cfg, service=svc, metrics=metrics, state=state, run_dir="runs/x", started_at=1000.0,
                           clock=lambda: 1e9)
     return src
