@@ -21,6 +21,7 @@ from pathlib import Path
 
 from learner.coordinator import GroupSpec
 from learner.episodes import initial_prompt
+from tasks.interface import SingleTurnTask, Tokenizer
 
 #: Complete checkpoints kept on disk (older ones are deleted).
 KEEP_CHECKPOINTS = 2
@@ -105,7 +106,7 @@ def run_identity(run_dir: Path, resume: bool, fresh_id: str) -> tuple[str, str]:
     return info["run_id"], announced
 
 
-def reissue_specs(refs: list[str], task, tokenizer, multi_turn: bool) -> list:
+def reissue_specs(refs: list[str], task: SingleTurnTask, tokenizer: Tokenizer, multi_turn: bool) -> list[GroupSpec]:
     """Group specs for problem refs saved by :func:`save_state`, built exactly as the step
     functions build them (same group id, same prompt), so a resumed run issues them again."""
     return [GroupSpec(f"g{ref}", initial_prompt(task, tokenizer, task.problem("train", int(ref)), multi_turn), ref)
