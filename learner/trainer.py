@@ -118,7 +118,7 @@ class Trainer:
     # -- batching ---------------------------------------------------------------------------
     def _micro_batches(self, batch: Sequence[Any]) -> list[list[int]]:
         """Indices grouped into micro-batches. Samples that share a prompt (a GRPO group) go
-        together so the prompt is run once per micro-batch (see :meth:`_shared_prompt_logprobs`);
+        together so the prompt is run once per micro-batch (see :meth:`_logprobs_of`);
         the rest is grouped by length (less padding)."""
         mb = self.micro_batch_size(batch)
         by_prompt: dict[tuple[int, ...], list[int]] = {}

@@ -12,7 +12,7 @@ before it takes new work.
 - **Pass.** When every picked group of the push passes (or is skipped because its version is no
   longer the learner's weights), the push's groups still held are released to training and the
   service is notified, so a step waiting for its batch wakes.
-- **Fail.** The peer is untrusted (:func:`learner.verify.untrust`): its leases are revoked and
+- **Fail.** The peer is untrusted (:meth:`learner.service.LearnerService.untrust`): its leases are revoked and
   all its untrained groups, held ones included, are dropped (``unverified``) and pending again
   for other nodes. None of the push is trained.
 - **Error.** If the check itself raises, the push's held groups are dropped (``verify_error``)

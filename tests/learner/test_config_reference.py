@@ -52,3 +52,10 @@ def test_node_config_prints_what_the_join_flags_make(capsys):
     assert f'bootstrap = ["{addr}"]' in out and "threads = 2" in out and "flag --threads" in out
     assert node_main(["config", "--max-groups", "0"]) == 2
     assert "--max-groups must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_the_config_module_names_every_section():
+    import learner.config
+
+    missing = [f.name for f in dataclasses.fields(LearnerConfig) if f"``[{f.name}]``" not in learner.config.__doc__]
+    assert missing == []
