@@ -124,10 +124,8 @@ class ValidatorDesk:
         s, tol = self.sampling, self.cfg.max_logprob_diff
 
         def job() -> ValidateJob:
-            b = blind_request(prompt_ids, len(pushed), result.version, s.temperature, s.top_p, s.max_tokens,
-                              group_seed(s.seed, group_id))
-            return ValidateJob(b.request_id, list(b.prompt_ids), b.version, b.group_size, b.temperature, b.top_p,
-                               b.max_tokens, b.seed)
+            return blind_request(prompt_ids, len(pushed), result.version, s.temperature, s.top_p, s.max_tokens,
+                                 group_seed(s.seed, group_id))
 
         first = pick_validator(self.classes(), producer, set(), self.rng)
         got1 = None if first is None else await self._ask(first, job())
