@@ -47,7 +47,6 @@ def stage_command(addr: str, data_dir: Path, name: str) -> list[str]:
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("replica", [False, True], ids=["no-spare", "replica"])
 def test_pipeline_and_llamacpp_train_together_and_a_lost_stage_is_recovered(tmp_path: Path, replica: bool):
-    pytest.importorskip("peft")
     cfg = load_config(LearnerConfig, None, [
         'network.listen="/ip4/127.0.0.1/tcp/0"',
         f"train.steps={STEPS}", f"train.prompts_per_step={PROMPTS}", f"train.group_size={GROUP}",

@@ -21,7 +21,6 @@ MAX_TOKENS, SIZE, SEED = 24, 4, 11
 
 @pytest.fixture(scope="module")
 def setup():
-    pytest.importorskip("llama_cpp")
     from bench.replay_exactness import bench_adapter
     from common.default_model import default_gguf_path
     from node_agents.backends.llamacpp import LlamaCppBackend

@@ -8,9 +8,6 @@ import numpy as np
 import pytest
 from pipeline_helpers import N_LAYERS, PROMPT, run_hosts, tiny_adapter
 
-pytest.importorskip("torch")
-pytest.importorskip("peft")
-
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 
 

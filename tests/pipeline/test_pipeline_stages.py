@@ -12,9 +12,6 @@ import pytest
 import trio
 from pipeline_helpers import N_LAYERS, PROMPT, run_hosts as _go, tiny_adapter
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("peft")
-
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 
 TOL = 1e-4
