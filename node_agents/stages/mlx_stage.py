@@ -26,8 +26,7 @@ import numpy as np
 
 from common.lora import LoraAdapter
 from node_agents.backends.mlx_backend import MlxBackend
-from node_agents.backends.sampling import sample_rows
-from node_agents.stages.sessions import Session, SessionTable
+from node_agents.stages.sessions import Session, SessionTable, last_stage_result
 from swarm.pipeline.layers import layer_index
 from swarm.pipeline.proto import StageForward, StageOpen, StageResult, TensorBlob
 from swarm.pipeline.server import StageRefused
@@ -173,12 +172,7 @@ class MlxStage:
         out = inner.norm(h[:, -1:, :])
         logits = inner.embed_tokens.as_linear(out) if self._tied else self._model.lm_head(out)
         rows_np = np.array(logits[:, -1, :].astype(mx.float32))
-        if req.step == 0:
-            n = max(1, req.expand)
-            s.active = list(range(n))
-            rows_np = np.broadcast_to(rows_np[0], (n, self.n_vocab))
-        toks, lps = sample_rows(rows_np, [s.rngs[j] for j in s.active], s.temperature, s.top_p)
-        return StageResult(step=req.step, tokens=[int(t) for t in toks], logprobs=[float(x) for x in lps])
+        return last_stage_result(s, req, rows_np)
 
 
 def _in_range(layer: int | None, start: int, end: int) -> bool:

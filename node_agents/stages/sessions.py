@@ -14,8 +14,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar
 
-from node_agents.backends.sampling import completion_rngs
-from swarm.pipeline.proto import StageOpen
+import numpy as np
+
+from node_agents.backends.sampling import completion_rngs, sample_rows
+from swarm.pipeline.proto import StageForward, StageOpen, StageResult
 from swarm.pipeline.server import StageRefused
 
 
@@ -33,6 +35,18 @@ class Session:
 
 
 S = TypeVar("S", bound=Session)
+
+
+def last_stage_result(s: Session, req: StageForward, rows: np.ndarray) -> StageResult:
+    """The last stage's answer to a step: ``rows`` [live rows, vocab] of logits, each sampled by
+    its completion's own generator (step 0: the prompt's row, repeated to the ``expand`` rows of
+    the group), with the sampled tokens' behaviour log-probs."""
+    if req.step == 0:
+        n = max(1, req.expand)
+        s.active = list(range(n))
+        rows = np.broadcast_to(rows[0], (n, rows.shape[-1]))
+    toks, lps = sample_rows(rows, [s.rngs[j] for j in s.active], s.temperature, s.top_p)
+    return StageResult(step=req.step, tokens=[int(t) for t in toks], logprobs=[float(x) for x in lps])
 
 
 class SessionTable(Generic[S]):

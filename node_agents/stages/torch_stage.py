@@ -30,9 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from common.lora import LoraAdapter
-from node_agents.backends.sampling import sample_rows
 from node_agents.backends.torch_backend import pick_device_dtype
-from node_agents.stages.sessions import Session, SessionTable
+from node_agents.stages.sessions import Session, SessionTable, last_stage_result
 from node_agents.stages.tensors import from_blob, to_blob
 from swarm.pipeline.layers import slice_for_range
 from swarm.pipeline.proto import StageForward, StageOpen, StageResult
@@ -290,10 +289,5 @@ class TorchStage:
             return StageResult(step=req.step, hidden=to_blob(h, s.wire_dtype, torch))
         logits = self._head(self._norm(h[:, -1:, :]))  # [rows, 1, vocab]
         rows_np = logits[:, -1, :].float().cpu().numpy()
-        if req.step == 0:
-            n = max(1, req.expand)
-            s.active = list(range(n))
-            rows_np = np.broadcast_to(rows_np[0], (n, self.n_vocab))
-        toks, lps = sample_rows(rows_np, [s.rngs[j] for j in s.active], s.temperature, s.top_p)
-        return StageResult(step=req.step, tokens=[int(t) for t in toks], logprobs=[float(x) for x in lps])
+        return last_stage_result(s, req, rows_np)
 
