@@ -157,12 +157,16 @@ def bounds_of(f: dataclasses.Field) -> Bounds | None:
     return f.metadata.get(_BOUNDS)
 
 
-@functools.lru_cache(maxsize=None)
+_CHOICES: dict[type, dict[str, tuple[object, ...]]] = {}
+
+
 def _choices(cls: type) -> dict[str, tuple[object, ...]]:
-    """The ``Literal[...]`` fields of dataclass ``cls``: name -> allowed values."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: get_args(hints[f.name]) for f in dataclasses.fields(cls)
-            if get_origin(hints[f.name]) is typing.Literal}
+    """The ``Literal[...]`` fields of dataclass ``cls``: name -> allowed values (read once per class)."""
+    if cls not in _CHOICES:
+        hints = typing.get_type_hints(cls)
+        _CHOICES[cls] = {f.name: get_args(hints[f.name]) for f in dataclasses.fields(cls)
+                         if get_origin(hints[f.name]) is typing.Literal}
+    return _CHOICES[cls]
 
 
 def check_section(section: object) -> None:
@@ -306,7 +310,7 @@ def dump_toml(data: dict[str, Any]) -> str:
     return "\n".join(lines).lstrip() + "\n"
 
 
-def toml_value(v: Any) -> str:
+def toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):

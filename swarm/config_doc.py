@@ -14,7 +14,7 @@ import dataclasses
 import textwrap
 import typing
 from pathlib import Path
-from typing import Any, Mapping, get_args, get_origin
+from typing import Mapping, get_args, get_origin
 
 from swarm.config import Rule, Section, bounds_of, field_docs, toml_value
 
@@ -49,7 +49,7 @@ def type_name(tp: object) -> str:
     return str(tp).replace("typing.", "")
 
 
-def _default(f: dataclasses.Field) -> Any:
+def _default(f: dataclasses.Field) -> object:
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     return f.default
@@ -93,7 +93,7 @@ def _comment(text: str) -> list[str]:
     return textwrap.wrap(text, WIDTH - 2, initial_indent="# ", subsequent_indent="# ") if text else []
 
 
-def _value(v: Any) -> str:
+def _value(v: object) -> str:
     return toml_value(str(v) if isinstance(v, Path) else v)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 
@@ -18,10 +19,10 @@ class LlamaHandles:
     :meth:`open_context` ran. :meth:`close` frees them in reverse order (``close_context`` first,
     so a caller can free what hangs on the model, a LoRA adapter, in between)."""
 
-    def __init__(self, lc: Any, gguf_path: str | Path) -> None:
+    def __init__(self, lc: ModuleType, gguf_path: str | Path) -> None:
         self.lc = lc
-        self.ctx: Any = None
-        self.mem: Any = None
+        self.ctx: object = None
+        self.mem: object = None
         self.batch: Any = None
         self.cap = 0
         self.model = lc.llama_model_load_from_file(str(gguf_path).encode(), lc.llama_model_default_params())
