@@ -107,7 +107,7 @@ class Discovery:
     async def keep_providing(self) -> None:
         """Re-announce every provided key when the routing table grows and every
         ``reprovide_s`` seconds (run it in a nursery)."""
-        seen = self._grown.count
+        seen = 0  # a table grown before this started counts, as for a waiter since construction
         while True:
             with trio.move_on_after(self.config.reprovide_s):
                 await self._grown.wait_since(seen)  # grown since the last round, or now
