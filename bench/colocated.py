@@ -62,12 +62,12 @@ def run(args) -> int | None:
     from learner.config import LearnerConfig
     from learner.trainer_build import build_trainer
     from learner.models import load_tokenizer
-    from learner.scoring import score_groups
+    from learner.scoring import rewards_and_advantages
     from learner.metrics import MetricsWriter, progress_line, read_metrics, rolling_mean
     from learner.models import resolve_model
     from node_agents.backends.base import SamplingParams
     from node_agents.backends.torch_backend import TorchBackend
-    from swarm.config import load_config
+    from swarm.config import load_config, with_values
     from swarm.proto.rollouts import Completion, GroupResult
     from swarm.proto.work import group_seed
     from tasks.registry import make_task
@@ -75,9 +75,9 @@ def run(args) -> int | None:
     cfg = validate(load_config(LearnerConfig, args.config,
                                [f"task.seed={args.seed}", f"train.seed={args.seed}", f"train.steps={args.steps}",
                                 *args.overrides]))
+    threads = args.threads or (torch.get_num_threads() if not cfg.train.torch_threads else cfg.train.torch_threads)
+    cfg = with_values(cfg, {"train.torch_threads": threads})
     t = cfg.train
-    threads = args.threads or (torch.get_num_threads() if not t.torch_threads else t.torch_threads)
-    t.torch_threads = threads
     out = args.out or Path("runs") / f"colocated-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     resolved = resolve_model(cfg.model.name, cfg.model.cache_dir or None, cfg.model.revision)
@@ -99,7 +99,7 @@ def run(args) -> int | None:
             result = GroupResult(f"g{idx}", step, [Completion(c.token_ids, c.logprobs, c.finish_reason) for c in comps])
             groups.append(SimpleNamespace(spec=SimpleNamespace(prompt_ids=prompt, problem_ref=str(idx)), result=result))
         gen_s = time.perf_counter() - t0
-        samples, rewards = score_groups(groups, task, tokenizer)
+        samples, rewards = rewards_and_advantages(groups, task, tokenizer)
         t1 = time.perf_counter()
         stats = trainer.train_step(samples)
         train_s = time.perf_counter() - t1

@@ -148,6 +148,7 @@ async def measure(args) -> dict:
     import trio
 
     from learner.config import LearnerConfig
+    from swarm.config import with_values
     from learner.coordinator import Coordinator, Limits
     from learner.checkpoint import LoopState
     from learner.trainer_build import build_trainer
@@ -160,10 +161,8 @@ async def measure(args) -> dict:
     from learner.web.state import DashboardSource, snapshot
     from swarm.proto.hello import Hello
 
-    cfg = LearnerConfig()
-    cfg.train.torch_threads = args.threads
-    cfg.train.micro_batch = args.sequences
-    cfg.dashboard.min_update_s = args.update_s
+    cfg = with_values(LearnerConfig(), {"train.torch_threads": args.threads, "train.micro_batch": args.sequences,
+                                        "dashboard.min_update_s": args.update_s})
     print("dashboard-overhead: loading the model and trainer ...", flush=True)
     resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, None)
     trainer = await trio.to_thread.run_sync(build_trainer, resolved, cfg)

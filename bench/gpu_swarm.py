@@ -83,8 +83,7 @@ def swarm_worker(spec: dict[str, Any]) -> None:
     code, error = None, ""
     try:
         spec = {**spec, "model_dir": str(prepare_model(spec, spec["model"])[0])}
-        cfg = load_config(LearnerConfig, None, learner_overrides(spec))
-        cfg.train.torch_threads = int(spec["threads"])
+        cfg = load_config(LearnerConfig, None, learner_overrides(spec) + [f"train.torch_threads={int(spec['threads'])}"])
         code = run_demo(cfg, 1, run_dir, backends=["torch"], extra_args=[["--device", spec["device"]]],
                         node_threads=[int(spec["threads"])])
     except BaseException:  # noqa: BLE001 - trio wraps errors in groups; the traceback is the record

@@ -38,7 +38,8 @@ from learner.config import LearnerConfig
 from learner.models import ResolvedModel, cache_root, resolve_model
 from learner.placement import peak_memory_bytes
 from learner.trainer_build import build_trainer, follower_loop
-from swarm.config import Shortcut, add_shortcuts, load_config, shortcut_overrides
+from swarm.config import load_config
+from swarm.config_flags import Shortcut, add_shortcuts, shortcut_overrides
 
 S = Shortcut
 #: Shortcuts for the learner config's ``train`` fields (defaults: the learner's).

@@ -163,19 +163,17 @@ def _node_worker(args: argparse.Namespace) -> None:
     """A node's generation loop with its threads settled as ``swarm-node join`` does ('default')
     or as before (all CPUs, the default wait policy)."""
     from node_agents.cli import polite_threads
-    from node_agents.config import NodeConfig
-
-    cfg = NodeConfig()
     if args.node_worker == "default":
-        print(f"node: {polite_threads(cfg)}", file=sys.stderr, flush=True)
+        threads, line = polite_threads(0)
+        print(f"node: {line}", file=sys.stderr, flush=True)
     else:
-        cfg.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     from common.default_model import default_gguf_path
     from node_agents.backends.base import SamplingParams
     from node_agents.backends.llamacpp import LlamaCppBackend
 
     prompt = list(range(10, 90))  # 80 prompt tokens, about an arithmetic problem's
-    with LlamaCppBackend(default_gguf_path(), n_ctx=256, n_threads=cfg.threads, max_group=args.group) as be:
+    with LlamaCppBackend(default_gguf_path(), n_ctx=256, n_threads=threads, max_group=args.group) as be:
         seed = 0
         while True:
             comps = be.generate_group(prompt, args.group, SamplingParams(1.0, 1.0, args.max_tokens, seed=seed))

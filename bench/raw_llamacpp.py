@@ -12,10 +12,10 @@ This is what a user of llama.cpp would write to generate ``n`` completions of on
 4. a completion ends at an end-of-generation token (kept, as the node keeps it) or at
    ``max_tokens``.
 
-The context is set up as the node backend sets up its own (``n_seq_max`` = group size, per
-sequence ``n_ctx``, the same batch size, threads and flash-attention setting, one KV stream
-per sequence unless ``kv_unified``), so the two sides differ only in the code around
-``llama_decode``: the node also returns every token's behaviour log-prob and samples in numpy
+The model and context are the node backend's own (``node_agents/backends/llama_handles.py``:
+``n_seq_max`` = group size, per sequence ``n_ctx``, the same batch size, threads and
+flash-attention setting, one KV stream per sequence unless ``kv_unified``), so the two sides
+differ only in the code around ``llama_decode``: the node also returns every token's behaviour log-prob and samples in numpy
 with a per-completion generator; the raw side returns tokens only.
 """
 
@@ -31,32 +31,17 @@ class RawBatchGenerator:
     def __init__(self, gguf_path: str | Path, n_ctx: int = 1024, n_threads: int | None = None,
                  max_group: int = 8, n_batch: int = 512, flash_attn: bool | None = None,
                  kv_unified: bool = False):
-        import llama_cpp as lc
+        from node_agents.backends.llama_handles import LlamaHandles
+        from node_agents.backends.llamacpp import init_llama_cpp
 
-        self._lc = lc
-        lc.llama_backend_init()
+        self._lc = lc = init_llama_cpp()
         self.n_ctx, self.max_group = int(n_ctx), int(max_group)
-        threads = int(n_threads or os.cpu_count() or 1)
-        self._model = lc.llama_model_load_from_file(str(gguf_path).encode(), lc.llama_model_default_params())
-        if not self._model:
-            raise RuntimeError(f"llama.cpp could not load {gguf_path}")
-        self._vocab = lc.llama_model_get_vocab(self._model)
-        cp = lc.llama_context_default_params()
-        cp.n_seq_max = self.max_group
-        cp.n_ctx = self.n_ctx * self.max_group
-        cp.n_batch = cp.n_ubatch = max(int(n_batch), self.max_group)
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.kv_unified = bool(kv_unified)
-        cp.no_perf = True
-        if flash_attn is not None:
-            cp.flash_attn_type = 1 if flash_attn else 0
-        self._ctx = lc.llama_init_from_model(self._model, cp)
-        if not self._ctx:
-            lc.llama_model_free(self._model)
-            raise RuntimeError("llama.cpp could not create a context")
-        self._mem = lc.llama_get_memory(self._ctx)
-        self._cap = int(cp.n_batch)
-        self._batch = lc.llama_batch_init(self._cap, 0, 1)
+        self._h = LlamaHandles(lc, gguf_path)
+        self._h.open_context(n_ctx=self.n_ctx, n_seq=self.max_group, n_batch=n_batch,
+                             n_threads=int(n_threads or os.cpu_count() or 1), kv_unified=kv_unified,
+                             flash_attn=flash_attn)
+        self._ctx, self._mem, self._vocab = self._h.ctx, self._h.mem, self._h.vocab
+        self._batch, self._cap = self._h.batch, self._h.cap
 
     def tokenize(self, text: str) -> list[int]:
         data = text.encode("utf-8")
@@ -87,10 +72,7 @@ class RawBatchGenerator:
         b.logits[i] = logits
 
     def _decode(self, n_tokens: int) -> None:
-        self._batch.n_tokens = n_tokens
-        rc = self._lc.llama_decode(self._ctx, self._batch)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode failed with code {rc}")
+        self._h.decode(n_tokens)
 
     def generate_group(self, prompt: list[int], n: int, temperature: float, top_p: float,
                        max_tokens: int, seed: int) -> list[list[int]]:
@@ -139,16 +121,8 @@ class RawBatchGenerator:
         return tokens
 
     def close(self) -> None:
-        lc = self._lc
-        if self._batch is not None:
-            lc.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            lc.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            lc.llama_model_free(self._model)
-            self._model = None
+        self._h.close()
+        self._ctx = self._mem = self._batch = None
 
     def __enter__(self) -> "RawBatchGenerator":
         return self

@@ -19,6 +19,7 @@ import time
 def measure_cost(groups: int, group_size: int, max_tokens: int) -> dict:
     from common.default_model import default_gguf_path
     from learner.config import LearnerConfig
+    from swarm.config import with_values
     from learner.episodes import run_task
     from learner.models import load_tokenizer, resolve_model
     from learner.replay import numerics_of
@@ -31,8 +32,7 @@ def measure_cost(groups: int, group_size: int, max_tokens: int) -> dict:
     from swarm.proto.rollouts import Completion, GroupResult
     from swarm.proto.work import group_seed
 
-    cfg = LearnerConfig()
-    cfg.train.max_tokens, cfg.verify.torch_threads = max_tokens, 1
+    cfg = with_values(LearnerConfig(), {"train.max_tokens": max_tokens, "verify.torch_threads": 1})
     resolved = resolve_model("default")
     trainer = build_trainer(resolved, cfg)
     tok, task = load_tokenizer(resolved.hf_dir), run_task(cfg.task)

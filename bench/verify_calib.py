@@ -83,14 +83,14 @@ def run(groups: int, group_size: int, max_tokens: int, temperature: float, kinds
                 t = 2.5 if kind == "other_model" else temperature
                 gen = be.generate_group(prompt, group_size, params(t))
                 comps = [(c.token_ids, [-0.05] * len(c.token_ids) if kind == "made_up" else c.logprobs) for c in gen]
-            scored = verifier.score(prompt, [c[0] for c in comps], 0)
+            scored = verifier.rescore(prompt, [c[0] for c in comps], 0)
             st = group_stats([c[1] for c in comps], [[]] * len(comps), scored, with_z=True)
             slack = cfg.verify.surprisal_slack
             row = {"tokens": st.tokens, "mean_abs_diff": round(st.mean_abs_diff, 4), "z": round(st.z, 3),
                    "z_beyond_slack": round(st.z_beyond(slack), 3), "excess_per_token": round(st.excess_per_token, 4),
                    "sd_per_token": round(math.sqrt(st.var_sum / max(st.tokens, 1)), 4)}
             if fp32 is not None:
-                s32 = group_stats([c[1] for c in comps], [[]] * len(comps), fp32.score(prompt, [c[0] for c in comps], 0),
+                s32 = group_stats([c[1] for c in comps], [[]] * len(comps), fp32.rescore(prompt, [c[0] for c in comps], 0),
                                   with_z=True)
                 row |= {"mean_abs_diff_fp32": round(s32.mean_abs_diff, 4), "z_beyond_slack_fp32": round(s32.z_beyond(slack), 3)}
             out[kind].append(row)

@@ -6,7 +6,7 @@ Two parts (``swarm-bench verify-cost per-group`` / ``swarm-bench verify-cost dem
   default task's prompts with completions of ``--tokens`` tokens. Times the re-scoring of one
   group of ``--group-size`` completions three ways, each with ``--threads`` torch threads:
   ``before`` (the earlier verifier: whole sequences in float32, no KV reuse), ``after`` (the
-  verifier as a run uses it: :meth:`learner.verify.Verifier.score_groups` with the config's
+  verifier as a run uses it: :meth:`learner.verify.Verifier.rescore_groups` with the config's
   ``verify`` section, the trainer's shared-prompt pass at its precision) and ``after_fp32``
   (the same pass in float32), against one training step on ``--groups`` such groups (the
   trainer's ``train_step``, torch threads of the trainer). Prints the median seconds per group
@@ -90,6 +90,7 @@ def per_group(args) -> dict:
     import torch
 
     from learner.config import LearnerConfig
+    from swarm.config import with_values
     from learner.episodes import run_task
     from learner.models import load_tokenizer, resolve_model
     from learner.trainer import TrainSample
@@ -110,7 +111,7 @@ def per_group(args) -> dict:
     temp = cfg.train.temperature
     verifier = Verifier(trainer, cfg.verify, temp, 1.0, weights_version=0)
     fp32 = Verifier(trainer, type(cfg.verify)(precision="fp32", torch_threads=args.threads), temp, 1.0, weights_version=0)
-    cfg.verify.torch_threads = args.threads
+    cfg = with_values(cfg, {"verify.torch_threads": args.threads})
     times: dict[str, list[float]] = {"before": [], "after": [], "after_fp32": []}
     diffs = []
     train_threads = torch.get_num_threads()
@@ -122,7 +123,7 @@ def per_group(args) -> dict:
         torch.set_num_threads(train_threads)
         for name, v in (("after", verifier), ("after_fp32", fp32)):
             t0 = time.perf_counter()
-            got = v.score_groups([(prompt, comps, 0)])[0]
+            got = v.rescore_groups([(prompt, comps, 0)])[0]
             times[name].append(time.perf_counter() - t0)
             if name == "after":
                 diffs += [np.abs(s.logprobs - r[0]) for s, r in zip(got, ref)]

@@ -22,6 +22,7 @@ from pathlib import Path
 from learner.coordinator import Coordinator, GroupSpec
 from learner.trainer_api import TrainerAPI
 from learner.episodes import initial_prompt
+from tasks.interface import SingleTurnTask, Tokenizer
 
 #: Complete checkpoints kept on disk (older ones are deleted).
 KEEP_CHECKPOINTS = 2
@@ -104,7 +105,7 @@ def run_identity(run_dir: Path, resume: bool, fresh_id: str) -> tuple[str, str]:
     return run_id, (run_id if restarts == 0 else f"{run_id}~{restarts}")
 
 
-def reissue_specs(refs: list[str], task, tokenizer, multi_turn: bool) -> list:
+def reissue_specs(refs: list[str], task: SingleTurnTask, tokenizer: Tokenizer, multi_turn: bool) -> list[GroupSpec]:
     """Group specs for problem refs saved by :func:`save_state`, built exactly as the step
     functions build them (same group id, same prompt), so a resumed run issues them again."""
     return [GroupSpec(f"g{ref}", initial_prompt(task, tokenizer, task.problem("train", int(ref)), multi_turn), ref)

@@ -2,7 +2,8 @@
 
 Entry point only: heavy imports (torch, transformers, libp2p, trio) happen inside the commands.
 Flags that stand for a config field (``--device`` = ``--set train.device=...``) are declared once
-below as :class:`swarm.config.Shortcut` rows; their type, choices and help come from the field.
+in :mod:`learner.flags`; their type, choices and help come from the field. ``config`` prints the resolved config with every field's doc and default (``--markdown``:
+the reference in ``docs/config.md``, :mod:`learner.config_reference`).
 """
 
 from __future__ import annotations
@@ -13,39 +14,23 @@ import sys
 import time
 from pathlib import Path
 
+from common.exits import INTERRUPTED, Exit, exit_status
 from common.version import version_line
 from learner.admission import load_or_create_secret, mint_token
 from learner.config import LearnerConfig
 from learner.distributed import env_context
 from learner.episodes import run_task
 from learner.eval import run_eval
+from learner.flags import DASHBOARD_FLAGS, DEMO_FLAGS, LAUNCH_FLAGS, NETWORK_FLAGS, REPORT_FLAGS, TASK_FLAGS
 from learner.identity import default_data_dir
 from learner.launch_gpus import run_ranks, spawn_torchrun, under_torchrun
 from learner.memory import SequenceTooLongError
 from learner.report import write_report
 from learner.run_dir import clear_outputs, reuse_problem
-from swarm.config import ConfigError, Shortcut, add_shortcuts, load_config, shortcut_overrides
+from swarm.config import ConfigError, load_config
+from swarm.config_flags import add_shortcuts, shortcut_overrides
 from swarm.quiet import quiet_libp2p
 
-S = Shortcut
-#: ``launch``: where the learner listens, what it advertises, its run name.
-NETWORK_FLAGS = (S("--listen", "network.listen", metavar="MULTIADDR"),
-                 S("--announce", "network.announce", metavar="MULTIADDR"),
-                 S("--bootstrap", "network.bootstrap", metavar="MULTIADDR"),
-                 S("--run", "run.name", metavar="NAME"))
-#: ``launch``: the device.
-LAUNCH_FLAGS = (S("--device", "train.device", metavar="DEV"),)
-#: ``launch`` and ``demo`` (one or the other: a mutually exclusive group).
-DASHBOARD_FLAGS = (S("--dashboard", "dashboard.listen", metavar="HOST:PORT", also=(("dashboard.enabled", True),)),
-                   S("--no-dashboard", "dashboard.enabled", const=False,
-                     help="do not serve the live dashboard"))
-#: ``demo`` and ``eval``: the task and the seeds.
-TASK_FLAGS = (S("--task", "task.name", metavar="NAME"), S("--seed", ("task.seed", "train.seed")))
-#: ``launch`` and ``demo``: figures also to TensorBoard / W&B (``learner/report_to.py``).
-REPORT_FLAGS = (S("--report-to", "report.to", metavar="TARGET"),)
-#: ``demo``: the run's length and synchronisation.
-DEMO_FLAGS = (S("--steps", "train.steps"), S("--mode", "sync.mode"),
-              S("--max-staleness", "sync.max_staleness", metavar="S"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--config", type=Path, default=None, help="optional TOML config (model, task options)")
     ev.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field, e.g. --set task.options.max_people=3 (repeatable)")
+
+    co = sub.add_parser("config", help="print the resolved config: every field with its doc, default and flag")
+    co.add_argument("--config", type=Path, default=None, help="optional TOML config to start from")
+    co.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config field (repeatable)")
+    co.add_argument("--markdown", action="store_true",
+                    help="print the reference of every section as Markdown instead (docs/config.md)")
     return p
 
 
@@ -172,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:  # py-libp2p logs every failed DHT dial (to a gone peer) as a warning or error
         quiet_libp2p()
     try:
+        if args.command == "config":
+            return print_config(args)
         if args.command == "token":
             if args.expires_in <= 0:
                 raise ConfigError("--expires-in must be > 0")
@@ -210,27 +204,37 @@ def main(argv: list[str] | None = None) -> int:
             return run_pipeline_demo(cfg, run_dir)
         run_dir = prepare_run_dir(args.run_dir or _default_run_dir("demo-"), False, args.overwrite)
         return run_demo(cfg, args.nodes, run_dir, backends or None, node_threads=threads)
-    except ConfigError as e:
-        print(f"swarm-learner: config error: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        print(f"swarm-learner: {e}", file=sys.stderr)
-        return 2
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] not in LEARNER_EXTRA_MODULES:
             raise
         print(f"swarm-learner: {e}: the learner needs its extra (pip install 'echo-swarm[learner]'); "
               f"this looks like a node-only install", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("swarm-learner: interrupted", file=sys.stderr)
-        return 130
+    except (ConfigError, FileNotFoundError, KeyboardInterrupt) as e:
+        return exit_status("swarm-learner", e, EXITS) or 2  # every kind caught here has a row
 
 
-def validate(cfg):
-    """Catch config mistakes before anything heavy starts: every section's own check
-    (:meth:`learner.config.LearnerConfig.validate`), the task and the dashboard address."""
-    cfg.validate()
+#: Exit statuses of ``swarm-learner``: 2 a config (or a file it names) that cannot run; 130 interrupted.
+EXITS = (Exit((ConfigError,), 2, "config error: "), Exit((FileNotFoundError,), 2), INTERRUPTED)
+
+
+def print_config(args: argparse.Namespace) -> int:
+    """``swarm-learner config``: the resolved config (file, ``--set``) as TOML, each field with its
+    doc, default and flag; ``--markdown``: the whole reference (:mod:`learner.config_reference`)."""
+    from learner.config_reference import learner_flags, reference
+    from swarm.config_doc import annotated_toml
+
+    if args.markdown:
+        print(reference(), end="")
+        return 0
+    print(annotated_toml(load_config(LearnerConfig, args.config, args.overrides), flags=learner_flags()), end="")
+    return 0
+
+
+def validate(cfg: LearnerConfig) -> LearnerConfig:
+    """Catch what a config names but cannot have, before anything heavy starts: a Hub model not
+    in the cache (nor fetchable), a task that does not build. (Every field's bounds and the rules
+    across fields were checked when the config was built: :mod:`swarm.config`.)"""
     from common.hub import is_hub_model, local_model
 
     try:
@@ -239,13 +243,6 @@ def validate(cfg):
         run_task(cfg.task)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from None
-    if cfg.dashboard.enabled:
-        from learner.web.server import parse_listen  # trio
-
-        try:
-            parse_listen(cfg.dashboard.listen)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
     return cfg
 
 
@@ -259,7 +256,7 @@ def run_eval_command(args, cfg) -> int:
     return 0
 
 
-def launch(cfg, run_dir: Path, resume: bool, data_dir: Path | None = None) -> int:
+def launch(cfg: LearnerConfig, run_dir: Path, resume: bool, data_dir: Path | None = None) -> int:
     import trio
 
     from learner.loop import run_learner  # trio, libp2p
@@ -268,19 +265,19 @@ def launch(cfg, run_dir: Path, resume: bool, data_dir: Path | None = None) -> in
         try:
             trio.run(lambda: run_learner(cfg, run_dir, resume=resume, data_dir=data_dir))
         except BaseException as e:  # trio nurseries wrap it in an exception group
-            first = e
-            while isinstance(first, BaseExceptionGroup) and (group := first.subgroup(SequenceTooLongError)) is not None:
-                first = group.exceptions[0]
-            if not isinstance(first, SequenceTooLongError):
+            code = exit_status("swarm-learner", e, TRAIN_EXITS)
+            if code is None:
                 raise
-            print(f"swarm-learner: training stopped (resume from the last checkpoint with --resume): {first}",
-                  file=sys.stderr)
-            return 2
+            return code
         return 0
 
     if env_context().active:  # one of several torchrun ranks (learner/launch_gpus.py)
         return run_ranks(cfg, run_dir, resume, single)
     return single()
+
+
+#: Exit statuses of a training run: 2 a batch the device cannot hold (resumable).
+TRAIN_EXITS = (Exit((SequenceTooLongError,), 2, "training stopped (resume from the last checkpoint with --resume): "),)
 
 
 def add_network_arguments(p: argparse.ArgumentParser) -> None:
@@ -292,7 +289,7 @@ def add_network_arguments(p: argparse.ArgumentParser) -> None:
 
 def network_overrides(args) -> list[str]:
     """Config overrides for the flags of :func:`add_network_arguments` (checked when the config
-    is loaded: :meth:`learner.config.NetworkConfig.validate`, :meth:`learner.config.RunConfig.validate`)."""
+    is built: :class:`learner.config_net.NetworkConfig`, :class:`learner.config_net.RunConfig`)."""
     return shortcut_overrides(args, NETWORK_FLAGS)
 
 

@@ -17,8 +17,8 @@ import trio
 
 from learner.config import NetworkConfig
 from learner.metrics import first_reaching, read_metrics, rolling_mean
-from learner.pipelines import pipeline_settings
 from learner.stage_requests import describe_pipelines
+from swarm.config import with_values
 from swarm.pipeline.allocate import RunSpec, end_costs
 
 #: Seconds a node gets to exit by itself after the run before it is terminated.
@@ -81,7 +81,7 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
 
 
     if cfg.network.listen == NetworkConfig().listen:  # a demo stays on this machine
-        cfg.network.listen = LOOPBACK_LISTEN
+        cfg = with_values(cfg, {"network.listen": LOOPBACK_LISTEN})
     if backends:
         n_nodes = len(backends)
     if n_nodes < 1:
@@ -91,7 +91,7 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
     cores = os.cpu_count() or 1
     even_threads = max(1, (len(node_cpus) if node_cpus else cores) // n_nodes)
     if cfg.train.torch_threads == 0:
-        cfg.train.torch_threads = cores
+        cfg = with_values(cfg, {"train.torch_threads": cores})
     # every node gets the learner's model in its own backend's format (an HF directory is
     # converted to GGUF / mlx-lm by the node, once); anything else falls back to the default
     node_model = demo_node_model(cfg.model)
@@ -100,7 +100,7 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
     services: list = []
 
     if backends and not cfg.sync.min_waiting_nodes:
-        cfg.sync.min_waiting_nodes = len(backends)  # the first step waits for every node
+        cfg = with_values(cfg, {"sync.min_waiting_nodes": len(backends)})  # the first step waits for every node
 
     def on_service(service) -> None:
         services.append(service)
@@ -214,14 +214,14 @@ def run_pipeline_demo(cfg, run_dir: Path) -> int:
 
     model = demo_node_model(cfg.model)
     spec = stage_geometry(resolve_for_backend(model, "torch"), 4)
-    ps = pipeline_settings(cfg.pipeline)
+    ps = cfg.pipeline
     run = RunSpec(cfg.train.group_size, cfg.train.max_tokens + ps.prompt_tokens, ps.in_flight)
-    cap = stage_cap_bytes(spec, run, ps.plan)
+    cap = stage_cap_bytes(spec, run, ps)
     print(f"demo: pipeline mode: 3 torch stage nodes capped at {cap / 1e6:.0f} MB each (the model's weights "
           f"are {whole_model_bytes(spec) / 1e6:.0f} MB in fp32, plus the KV cache of a group) + 1 llama.cpp node",
           flush=True)
-    cfg.sync.min_waiting_nodes = 2  # the pipeline's head and the llama.cpp node share every step
-    cfg.sync.regate_each_version = True
+    # the pipeline's head and the llama.cpp node share every step
+    cfg = with_values(cfg, {"sync.min_waiting_nodes": 2, "sync.regate_each_version": True})
     services: list = []
     stage_args = ["--max-memory", str(cap), "--device", "cpu"]
     code = run_demo(cfg, 4, run_dir, ["torch", "torch", "torch", "llamacpp"],

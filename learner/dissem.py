@@ -127,7 +127,7 @@ class LearnerDissem:
             log.info("dissem: per-range manifests for %s", ", ".join(describe(r) for r in ranges) or "no range")
         self.ranges = ranges
 
-    def _notify(self) -> None:
+    def _notify(self) -> None:  # TODO: a swarm.changes.Changes, as in every other part that wakes its waiters
         self._changed.set()
         self._changed = trio.Event()
 

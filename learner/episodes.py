@@ -7,7 +7,7 @@
 - :func:`make_verifier` is the coordinator's check of an arriving group: every episode is
   replayed (``tasks.episode_tokens.replay_record``) and its environment turns must be exactly
   the tokens this side computes; a group with one bad episode is rejected and re-issued.
-- :func:`learner.scoring.score_episode_group` recomputes the rewards: the model's turns are cut out of the
+- :func:`learner.scoring.episode_group_samples` recomputes the rewards: the model's turns are cut out of the
   record by the mask, the environment replays their actions from the problem's start, and the
   task's documented shaping gives the reward (``task.episode_reward``); nothing the node
   computed is trusted. Each episode becomes one training sample whose loss mask covers the
@@ -21,7 +21,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
+from learner.config import LearnerConfig, TaskConfig
+from tasks.base import Problem
 from tasks.episode_tokens import episode_prompt, replay_record
+from tasks.interface import SingleTurnTask, Tokenizer, is_env_task
 from tasks.plugins import task_version
 
 log = logging.getLogger("echo_swarm.learner")
@@ -30,31 +33,22 @@ log = logging.getLogger("echo_swarm.learner")
 ENV_TURN_TOKENS = 128
 
 
-def task_options(task_cfg: Any) -> dict[str, Any]:
-    """The task's options with ``task.max_turns`` merged in (multi-turn runs only)."""
-    options = dict(task_cfg.options or {})
-    max_turns = int(getattr(task_cfg, "max_turns", 0) or 0)
-    if max_turns < 0:
-        raise ValueError("task.max_turns must be >= 0")
-    if max_turns and not getattr(task_cfg, "multi_turn", False):
-        raise ValueError("task.max_turns applies only with task.multi_turn = true")
-    if max_turns:
-        if "max_turns" in options and options["max_turns"] != max_turns:
-            raise ValueError(f"task.max_turns = {max_turns} contradicts task.options.max_turns = {options['max_turns']}")
-        options["max_turns"] = max_turns
+def task_options(task_cfg: TaskConfig) -> dict[str, Any]:
+    """The task's options with ``task.max_turns`` merged in (multi-turn runs only; the config's
+    rules keep the two from contradicting each other)."""
+    options = dict(task_cfg.options)
+    if task_cfg.max_turns:
+        options["max_turns"] = task_cfg.max_turns
     return options
 
 
-def run_task(task_cfg: Any):
+def run_task(task_cfg: TaskConfig) -> SingleTurnTask:
     """The run's task; ``ValueError`` (a config error) for ``multi_turn`` on a task without an
-    environment, or for a bad ``max_turns`` / ``max_episode_tokens``."""
-    from tasks.interface import is_env_task
+    environment."""
     from tasks.registry import make_task
 
-    if int(getattr(task_cfg, "max_episode_tokens", 0) or 0) < 0:
-        raise ValueError("task.max_episode_tokens must be >= 0")
     task = make_task(SimpleNamespace(name=task_cfg.name, seed=task_cfg.seed, options=task_options(task_cfg)))
-    if getattr(task_cfg, "multi_turn", False) and not is_env_task(task):
+    if task_cfg.multi_turn and not is_env_task(task):
         raise ValueError(f"task.multi_turn = true needs a task with an environment; {task_cfg.name!r} has none "
                          "(multi-turn tasks: sokoban)")
     return task
@@ -82,23 +76,23 @@ class EpisodeSettings:
         return dict(max_turns=self.max_turns, max_episode_tokens=self.max_episode_tokens)
 
 
-def episode_settings(cfg: Any, task: Any) -> EpisodeSettings | None:
+def episode_settings(cfg: LearnerConfig, task: SingleTurnTask) -> EpisodeSettings | None:
     """The run's episode settings, or ``None`` for a single-turn run."""
     if not cfg.task.multi_turn:
         return None
-    turns = int(task.max_turns)
-    budget = int(cfg.task.max_episode_tokens) or turns * (int(cfg.train.max_tokens) + ENV_TURN_TOKENS)
-    return EpisodeSettings(cfg.task.name, int(cfg.task.seed), task_options(cfg.task), turns, budget, task_version(task))
+    turns = task.max_turns if is_env_task(task) else 1
+    budget = cfg.task.max_episode_tokens or turns * (cfg.train.max_tokens + ENV_TURN_TOKENS)
+    return EpisodeSettings(cfg.task.name, cfg.task.seed, task_options(cfg.task), turns, budget, task_version(task))
 
 
-def initial_prompt(task: Any, tokenizer: Any, problem: Any, multi_turn: bool) -> list[int]:
+def initial_prompt(task: SingleTurnTask, tokenizer: Tokenizer, problem: Problem, multi_turn: bool) -> list[int]:
     """The prompt of a group: the single-turn prompt, or the episode's first turn."""
-    if multi_turn:
+    if multi_turn and is_env_task(task):
         return episode_prompt(task, tokenizer, problem)
     return task.render_prompt(tokenizer, problem)
 
 
-def make_verifier(task: Any, tokenizer: Any) -> Callable[[Any, Any], str | None]:
+def make_verifier(task: SingleTurnTask, tokenizer: Tokenizer) -> Callable[[Any, Any], str | None]:
     """``verify(spec, result) -> reason or None`` for ``Coordinator.verify``: replays every
     episode of the group (runs after the coordinator's structural checks)."""
     def verify(spec, result) -> str | None:

@@ -27,9 +27,9 @@ from pathlib import Path
 from common.lora import LoraAdapter
 from learner.models import load_tokenizer, resolve_model
 from node_agents.backends.base import SamplingParams
-from tasks.interface import is_env_task, run_episode
+from tasks.interface import SingleTurnTask, Tokenizer, is_env_task, run_episode
 from tasks.registry import make_task
-from typing import Any, Callable
+from typing import Callable
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -107,7 +107,7 @@ def score(label: str, rewards: list[float], seconds: float = 0.0) -> EvalResult:
     return EvalResult(label, len(rewards), correct, mean, lo, hi, seconds)
 
 
-def evaluate(task: Any, tokenizer: Any, generate: Callable, n: int, *, multi_turn: bool = False,
+def evaluate(task: SingleTurnTask, tokenizer: Tokenizer, generate: Callable, n: int, *, multi_turn: bool = False,
              max_context_tokens: int | None = None, label: str = "model") -> EvalResult:
     """Score ``task`` on eval problems 0..n-1. ``generate(prompt_ids, i)`` returns a
     ``SampledCompletion`` for problem ``i`` (one completion)."""

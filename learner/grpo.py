@@ -27,7 +27,7 @@ Departures from the GRPO paper (Shao et al. 2024, DeepSeekMath), all deliberate:
    with several minibatch updates the trainer computes them once before the first update.
 5. **Advantages use the population std** (``ddof=0``) of the group plus ``eps``; a group whose
    rewards are all equal gets exactly zero advantages (no signal, no noise). ``scale_by_std=False``
-   gives the Dr. GRPO variant (mean-centred only).
+   gives the Dr. GRPO variant (mean-centred only): ``train.scale_rewards = "none"``.
 6. **Log-ratios are clamped** to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` before ``exp`` so a
    badly mismatched token cannot overflow; clipping/truncation makes this moot for the loss value
    except in the unclipped branch of negative-advantage tokens (which the clamp bounds).
@@ -35,12 +35,11 @@ Departures from the GRPO paper (Shao et al. 2024, DeepSeekMath), all deliberate:
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 
-LossKind = Literal["ppo_clip", "tis", "decoupled"]
-LOSS_KINDS: tuple[str, ...] = ("ppo_clip", "tis", "decoupled")
+from learner.config import LOSSES, LossKind  # train.loss: declared once, with the config
 
 LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to +-this before exponentiation (exp(20) ~ 5e8)."""
@@ -108,8 +107,8 @@ def policy_loss(
     weight; 1 for ``ppo_clip``), ``mismatch_k3`` (k3 estimate of KL(pi_behav || pi_theta)),
     ``abs_logp_diff`` and ``tokens``.
     """
-    if kind not in LOSS_KINDS:
-        raise ValueError(f"kind must be one of {LOSS_KINDS}, got {kind!r}")
+    if kind not in LOSSES:
+        raise ValueError(f"kind must be one of {LOSSES}, got {kind!r}")
     mask = mask.to(logp.dtype)  # [N, T]
     adv = advantages.to(logp.dtype).reshape(-1, 1)  # [N, 1]
     behav_logp = behav_logp.to(logp.dtype)

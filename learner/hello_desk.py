@@ -23,7 +23,7 @@ import trio
 
 from learner.adapter_versions import AdapterVersions
 from learner.admission import Admission
-from learner.changes import Changes
+from swarm.changes import Changes
 from learner.coordinator import Coordinator
 from learner.dissem import LearnerDissem
 from learner.model_serve import HELLO_MODEL_NAME_KEY, LearnerModelServe, hello_model_check

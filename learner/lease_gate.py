@@ -3,31 +3,20 @@ same time, so that each node of a mixed swarm gets a share of a step (the fastes
 otherwise take everything before the slow ones have loaded).
 
 A pure decision over a snapshot (the waiting peers, the coordinator's version, ``now``); the
-work desk (:mod:`learner.work_desk`) asks it before every lease.
+work desk (:mod:`learner.work_desk`) asks it before every lease. Its settings are the ``[sync]``
+section's ``min_waiting_nodes``, ``regate_each_version`` and ``gate_timeout_s``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-@dataclass
-class GateSettings:
-    """When leases may start."""
-
-    #: Distinct nodes that must wait for work at once before the first lease (0 = no gate).
-    #: Once open, the gate stays open (unless ``regate_each_version``).
-    min_waiting: int = 0
-    #: Close the gate again at every new adapter version (each step's work is then shared among
-    #: ``min_waiting`` waiting nodes, e.g. a slow pipeline beside a fast node).
-    regate_each_version: bool = False
-    #: The longest a re-closed gate waits for its nodes (s); then it opens with whoever waits.
-    timeout_s: float = 30.0
+from learner.config import SyncConfig
 
 
 @dataclass
 class LeaseGate:
-    settings: GateSettings = field(default_factory=GateSettings)
+    settings: SyncConfig = field(default_factory=SyncConfig)
     #: Peers in a work long poll right now.
     waiting: set[str] = field(default_factory=set)
     is_open: bool = False
@@ -49,9 +38,9 @@ class LeaseGate:
         s = self.settings
         if s.regate_each_version and version != self.version:
             self.version, self.is_open = version, False
-            self.deadline = now + s.timeout_s
+            self.deadline = now + s.gate_timeout_s
         late = self.deadline is not None and now >= self.deadline
-        if self.is_open or late or len(self.waiting) >= s.min_waiting:
+        if self.is_open or late or len(self.waiting) >= s.min_waiting_nodes:
             opened_now = not self.is_open
             self.is_open = True
             return False, opened_now

@@ -30,12 +30,10 @@ from learner.coordinator import Coordinator, Limits
 from learner.dissem import start_learner_dissem
 from learner.episodes import EpisodeSettings, episode_settings, make_verifier, run_task
 from learner.identity import announce_run, join_line, join_swarm, keep_peers, run_name
-from learner.lease_gate import GateSettings
 from learner.metrics import MetricsWriter, plot_rewards, progress_line, rolling_mean
 from learner.model_serve import start_model_serve
 from learner.models import llamacpp_form, load_tokenizer, resolve_model
 from learner.ledger import WorkLedger
-from learner.pipelines import pipeline_settings
 from learner.stage_requests import stage_alive
 from learner.replay_llamacpp import build_replay
 from learner.roster import NodeRoster
@@ -82,9 +80,8 @@ def service_settings(cfg: LearnerConfig, run_id: str, run_name: str, model_sha25
         sampling=SamplingDefaults(t.temperature, t.top_p, t.max_tokens, t.seed),
         group_size=t.group_size, run_id=run_id, model_name=cfg.model.name, long_poll_s=cfg.sync.long_poll_s,
         run_name=run_name, model_sha256=model_sha256,
-        gate=GateSettings(min_waiting=cfg.sync.min_waiting_nodes, regate_each_version=cfg.sync.regate_each_version,
-                          timeout_s=cfg.sync.gate_timeout_s),
-        pipeline=pipeline_settings(cfg.pipeline),
+        gate=cfg.sync,
+        pipeline=cfg.pipeline,
     )
 
 

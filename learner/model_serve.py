@@ -39,6 +39,7 @@ from pathlib import Path
 import trio
 
 from learner.admission import ReadAccess
+from swarm.changes import Changes
 from swarm.chunks.serve import ChunkServer, chunk_server
 from swarm.content.manifest import DEFAULT_CHUNK_BYTES, build_model_manifest, model_content_id, sign_model_manifest
 from swarm.content.model_id import short
@@ -94,7 +95,7 @@ class LearnerModelServe:
         self.completed_at: dict[str, float] = {}
         #: The run's model in other forms (form name, e.g. ``gguf`` -> its server; none has forms).
         self.forms: dict[str, LearnerModelServe] = dict(forms or {})
-        self._changed = trio.Event()
+        self._changed = Changes()
 
     @property
     def content_sha256(self) -> str:
@@ -155,7 +156,7 @@ class LearnerModelServe:
         form = self._form_of(msg.content_sha256)
         if form is not None:
             ack = await form.on_have(msg, peer_id)
-            self._notify()
+            self._changed.notify()
             return ack
         if msg.content_sha256 != self.content_sha256:
             log.warning("model: %s reported another model %s", peer_id[-6:], short(msg.content_sha256))
@@ -180,12 +181,8 @@ class LearnerModelServe:
             peers = ", ".join(f"{p[-6:]}: {b / 1e6:.1f} MB" for p, b in sorted(msg.from_peers.items()))
             log.info("model: %s holds %s%s", peer_id[-6:], self.manifest.name,
                      f" (fetched in {msg.fetch_s:.1f} s from {peers})" if msg.from_peers else "")
-        self._notify()
+        self._changed.notify()
         return ModelHaveAck()
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
 
     def complete_holders(self) -> int:
         """Nodes that hold the complete model, in any form."""

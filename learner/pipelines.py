@@ -33,10 +33,11 @@ import dataclasses
 import json
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from swarm.pipeline.allocate import (ModelSpec, NodeSpec, Pipeline, Plan, PlanConfig, RunSpec, Stage, build_pipeline,
+from learner.config_net import PipelineConfig
+from swarm.pipeline.allocate import (ModelSpec, NodeSpec, Pipeline, Plan, RunSpec, Stage, build_pipeline,
                                      end_costs, form_pipelines, layer_capacity, replan)
 from swarm.discovery.links import Links
 from swarm.proto.stage import RouteHop, StageAssignment
@@ -50,29 +51,6 @@ STAGE_KEY, STAGE_MODEL_KEY = "stage", "stage_model"
 MAX_LAYERS, MAX_BYTES = 4096, 1 << 40
 #: Plans kept for the run's report (``swarm.json``'s ``pipeline_plans``), newest last.
 HISTORY_KEPT = 50
-
-
-@dataclass
-class PipelineSettings:
-    """How the learner plans pipelines of stage nodes."""
-
-    #: Prompt tokens budgeted in each stage's KV cache (on top of ``sampling.max_tokens``).
-    prompt_tokens: int = 256
-    #: Groups a head keeps in flight at once (its largest lease; each holds a KV cache per
-    #: stage, so the stages interleave them step by step instead of waiting on each other).
-    in_flight: int = 2
-    #: A stage node that has not polled for this long (and holds no lease, live or expired
-    #: within this time: a slow head may still push) leaves the plan (s).
-    stale_s: float = 300.0
-    #: Allocator knobs (usable memory fraction, hop cost, anti-thrash rule).
-    plan: PlanConfig = field(default_factory=lambda: PlanConfig(cooldown_s=60.0))
-
-
-def pipeline_settings(cfg: Any) -> PipelineSettings:
-    """The planner's settings from the learner config's ``[pipeline]`` section."""
-    plan = PlanConfig(usable_fraction=cfg.usable_fraction, hop_s=cfg.hop_s, min_gain=cfg.min_gain,
-                      cooldown_s=cfg.cooldown_s)
-    return PipelineSettings(prompt_tokens=cfg.prompt_tokens, in_flight=cfg.in_flight, stale_s=cfg.stale_s, plan=plan)
 
 
 @dataclass
@@ -168,7 +146,7 @@ def assign_replicas(plan: Plan, caps: Mapping[str, int], e_first: int, e_last: i
 
 
 class PipelineManager:
-    def __init__(self, group_size: int, max_tokens: int, settings: PipelineSettings,
+    def __init__(self, group_size: int, max_tokens: int, settings: PipelineConfig,
                  on_plan: Callable[[], None] | None = None,
                  links: Callable[[list[str]], Links | None] | None = None):
         self.settings = settings
@@ -255,7 +233,7 @@ class PipelineManager:
         if self.model is None:
             return
         nodes = [m.spec for m in self.members.values()]
-        cfg = self.settings.plan
+        cfg = self.settings
         links = self.links(list(self.members)) if self.links is not None else None
         can_link = links.can_link if links is not None else None
         if self.plan is None:
@@ -301,7 +279,7 @@ class PipelineManager:
         m = self._whole.get(peer_id)
         if m is None or self.model is None:
             return None
-        return build_pipeline([m.spec], self.model, self.run, self.settings.plan)
+        return build_pipeline([m.spec], self.model, self.run, self.settings)
 
     def _hop(self, peer: str, s: Stage) -> RouteHop:
         m = self.members.get(peer)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from learner.admission import Admission
-from learner.changes import Changes
+from swarm.changes import Changes
 from learner.coordinator import Coordinator
 from learner.group_ledger import GroupState
 from learner.ledger import WorkLedger

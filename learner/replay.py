@@ -23,7 +23,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from swarm.config import ConfigError
 
 #: Keys of a llama.cpp node's hello ``extra`` that fix its numerics (written by the backend's
 #: ``capabilities``); every one must be present for a replay.
@@ -31,39 +30,6 @@ NUMERICS_KEYS = ("llama_build", "gguf_sha256", "n_threads", "max_group", "n_batc
                  "kv_unified")
 #: Bounds on the declared layout the learner is willing to reproduce (a context per layout).
 MAX_GROUP_LIMIT, N_BATCH_LIMIT, N_CTX_LIMIT, N_THREADS_LIMIT = 64, 8192, 131072, 256
-
-
-@dataclass
-class ReplayConfig:
-    """Exact verification by replay (``learner/replay.py``): the groups the verify queue picks
-    from nodes whose numerics the learner reproduces are replayed instead of re-scored."""
-
-    #: Replay llama.cpp CPU nodes' picked groups when their numerics match the learner's build.
-    enabled: bool = True
-    #: Seconds of replay per learner step on average, beyond nodes' first groups (0 = no limit):
-    #: a picked group is replayed while there is credit and charged its measured cost, else it
-    #: gets the statistical check. A replay costs about one group's generation (8-20 s on a
-    #: 2-core CPU), so the default replays a sampled group every 4-10 steps beside every node's
-    #: first groups, a few percent of a run where the learner shares the machine with its nodes.
-    budget_s_per_step: float = 2.0
-    #: Largest |pushed - replayed| log-prob of an identical token (the replay's own noise is 0 on
-    #: the same build; this absorbs float formatting only).
-    max_logprob_diff: float = 1e-4
-    #: Replayer contexts kept (one per distinct declared layout).
-    contexts: int = 2
-    #: Largest declared KV cache replayed, in cells (``n_ctx * max_group``); a node declaring more
-    #: is not replayed (statistical check), so no hello can make the learner allocate without bound.
-    max_kv_cells: int = 65536
-    #: Largest declared thread count replayed (the replay runs the node's own count).
-    max_threads: int = 64
-
-    def validate(self) -> None:
-        if not (self.budget_s_per_step >= 0 and math.isfinite(self.budget_s_per_step)):
-            raise ConfigError(f"replay.budget_s_per_step must be >= 0, got {self.budget_s_per_step}")
-        if not self.max_logprob_diff >= 0:
-            raise ConfigError(f"replay.max_logprob_diff must be >= 0, got {self.max_logprob_diff}")
-        if self.contexts < 1 or self.max_kv_cells < 1 or self.max_threads < 1:
-            raise ConfigError("replay.contexts, replay.max_kv_cells and replay.max_threads must be >= 1")
 
 
 @dataclass(frozen=True)

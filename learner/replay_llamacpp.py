@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from learner.adapter_versions import AdapterVersions
-from learner.config import LearnerConfig
-from learner.replay import Numerics, ReplayBudget, ReplayConfig, compare_group, replayable
+from learner.config import LearnerConfig, ReplayConfig
+from learner.replay import Numerics, ReplayBudget, compare_group, replayable
 from learner.work_desk import SamplingDefaults
 from swarm.proto.work import group_seed
 

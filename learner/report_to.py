@@ -11,47 +11,11 @@ text, lists and non-finite values are left out.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from swarm.config import ConfigError
-
-TARGETS = ("tensorboard", "wandb")
-"""What ``report.to`` may name."""
-
-
-@dataclass
-class ReportConfig:
-    """``[report]``: figures beside ``metrics.jsonl`` for the tools users already watch."""
-
-    #: Where to send each step's figures besides ``metrics.jsonl``: ``tensorboard`` (event files
-    #: in the run directory), ``wandb`` (offline; needs the wandb package). Repeat ``--report-to``
-    #: or give a comma-separated list.
-    to: list[str] = field(default_factory=list)
-    #: W&B project name of the offline run.
-    wandb_project: str = "echo-swarm"
-
-    def targets(self) -> list[str]:
-        """``to`` with comma-separated entries split, duplicates and ``none`` dropped."""
-        out: list[str] = []
-        for item in self.to:
-            for t in str(item).split(","):
-                t = t.strip().lower()
-                if t and t != "none" and t not in out:
-                    out.append(t)
-        return out
-
-    def validate(self) -> None:
-        bad = [t for t in self.targets() if t not in TARGETS]
-        if bad:
-            raise ConfigError(f"report.to: unknown target(s) {bad}; use {', '.join(TARGETS)}")
-        if "wandb" in self.targets() and importlib.util.find_spec("wandb") is None:
-            raise ConfigError("report.to: wandb needs the wandb package (pip install wandb); it logs offline")
-        if "tensorboard" in self.targets() and importlib.util.find_spec("tensorboard") is None:
-            raise ConfigError("report.to: tensorboard needs the tensorboard package (pip install tensorboard)")
+from learner.config import ReportConfig
 
 
 class Sink(Protocol):

@@ -1,6 +1,7 @@
 """Rewards and advantages of completed groups: the learner recomputes every reward from the
 tokens with the run's task (a node's reward is never trusted) and turns each group's rewards
-into GRPO advantages (:func:`learner.grpo.group_advantages`).
+into GRPO advantages (:func:`learner.grpo.group_advantages`; ``train.scale_rewards``: divided by
+the group's std, GRPO's own rule, or only mean-centred, Dr. GRPO's).
 
 - single-turn: the completion's text is decoded and scored by ``task.reward``, or the whole
   group at once by ``task.score_group`` (:class:`tasks.interface.GroupScoredTask`: reward
@@ -19,45 +20,38 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Protocol
-
 from learner.batching import TrainSample
 from learner.coordinator import CompletedGroup
 from learner.grpo import group_advantages
 from tasks.episode_tokens import replay_record
-from tasks.interface import EnvTask, GroupScoredTask, SingleTurnTask, is_env_task
+from tasks.interface import EnvTask, GroupScoredTask, SingleTurnTask, Tokenizer, is_env_task
 
 log = logging.getLogger("echo_swarm.learner")
 
 
-class Decoder(Protocol):
-    """What scoring asks of the tokenizer (a Hugging Face tokenizer is one)."""
-
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
-
-
-def score_groups(groups: list[CompletedGroup], task: SingleTurnTask,
-                 tokenizer: Decoder) -> tuple[list[TrainSample], list[float]]:
-    """Rewards recomputed from the tokens -> per-completion samples with GRPO advantages."""
+def rewards_and_advantages(groups: list[CompletedGroup], task: SingleTurnTask, tokenizer: Tokenizer,
+                           scale_by_std: bool = True) -> tuple[list[TrainSample], list[float]]:
+    """Rewards recomputed from the tokens -> per-completion samples with GRPO advantages
+    (``scale_by_std``: divided by the group's reward std; False: mean-centred only)."""
     samples: list[TrainSample] = []
     all_rewards: list[float] = []
     for g in groups:
         if any(c.mask for c in g.result.completions):  # an episode: only an environment task made it
             if not is_env_task(task):
                 raise ValueError(f"group {g.spec.group_id} is an episode, but the task has no environment")
-            more, rewards = score_episode_group(g, task, tokenizer)
+            more, rewards = episode_group_samples(g, task, tokenizer, scale_by_std)
         else:
-            more, rewards = score_group(g, task, tokenizer)
+            more, rewards = group_samples(g, task, tokenizer, scale_by_std)
         samples += more
         all_rewards += rewards
     return samples, all_rewards
 
 
-def finite_advantages(rewards: list[float]) -> list[float]:
+def finite_advantages(rewards: list[float], scale_by_std: bool = True) -> list[float]:
     """GRPO advantages of a group over its finite rewards; 0.0 for a ``NaN`` (no reward)."""
     ok = [j for j, r in enumerate(rewards) if math.isfinite(r)]
     adv = [0.0] * len(rewards)
-    for j, a in zip(ok, group_advantages([rewards[j] for j in ok]).tolist()):
+    for j, a in zip(ok, group_advantages([rewards[j] for j in ok], scale_by_std=scale_by_std).tolist()):
         adv[j] = float(a)
     return adv
 
@@ -68,7 +62,8 @@ def reward_fields(rewards: list[float]) -> dict[str, float | int]:
     return {"reward_mean": sum(finite) / len(finite) if finite else 0.0, "reward_errors": len(rewards) - len(finite)}
 
 
-def score_group(group: CompletedGroup, task: SingleTurnTask, tokenizer: Decoder) -> tuple[list[TrainSample], list[float]]:
+def group_samples(group: CompletedGroup, task: SingleTurnTask, tokenizer: Tokenizer,
+                  scale_by_std: bool = True) -> tuple[list[TrainSample], list[float]]:
     """(training samples, rewards) of one completed single-turn group."""
     problem = task.problem("train", int(group.spec.problem_ref))
     ids = [list(c.token_ids) for c in group.result.completions]
@@ -77,13 +72,14 @@ def score_group(group: CompletedGroup, task: SingleTurnTask, tokenizer: Decoder)
         rewards = [float(r) for r in task.score_group(problem, texts, ids)]
     else:
         rewards = [float(task.reward(problem, t)) for t in texts]
-    adv = finite_advantages(rewards)
+    adv = finite_advantages(rewards, scale_by_std)
     samples = [TrainSample(group.spec.prompt_ids, c.token_ids, c.logprobs, float(a), group_id=group.spec.group_id)
                for c, a in zip(group.result.completions, adv)]
     return samples, rewards
 
 
-def score_episode_group(group: CompletedGroup, task: EnvTask, tokenizer: Decoder) -> tuple[list[TrainSample], list[float]]:
+def episode_group_samples(group: CompletedGroup, task: EnvTask, tokenizer: Tokenizer,
+                          scale_by_std: bool = True) -> tuple[list[TrainSample], list[float]]:
     """(training samples, rewards) of one completed multi-turn group."""
     problem = task.problem("train", int(group.spec.problem_ref))
     rewards: list[float] = []
@@ -94,7 +90,7 @@ def score_episode_group(group: CompletedGroup, task: EnvTask, tokenizer: Decoder
             rewards.append(0.0)
         else:
             rewards.append(float(task.episode_reward(problem, replay.texts)))
-    adv = finite_advantages(rewards)
+    adv = finite_advantages(rewards, scale_by_std)
     samples = [TrainSample(group.spec.prompt_ids, c.token_ids, c.logprobs, float(a), loss_mask=list(c.mask),
                            group_id=group.spec.group_id)
                for c, a in zip(group.result.completions, adv)]

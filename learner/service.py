@@ -30,16 +30,17 @@ import trio
 
 from learner.adapter_versions import AdapterVersions
 from learner.admission import Admission
-from learner.changes import Changes
+from swarm.changes import Changes
 from learner.coordinator import Coordinator, CoordinatorStats
 from learner.dissem import LearnerDissem
 from learner.dissem_report import DissemStats
 from learner.episodes import EpisodeSettings
+from learner.config import PipelineConfig, SyncConfig
 from learner.hello_desk import HelloDesk, JoinTerms
-from learner.lease_gate import GateSettings, LeaseGate
+from learner.lease_gate import LeaseGate
 from learner.ledger import WorkLedger
 from learner.model_serve import LearnerModelServe
-from learner.pipelines import PipelineManager, PipelineSettings
+from learner.pipelines import PipelineManager
 from learner.push_desk import PushDesk
 from learner.replay_llamacpp import LlamaCppReplay
 from learner.roster import IDLE_FORGET_S, NodeRoster, RosterStats  # noqa: F401 (IDLE_FORGET_S re-exported)
@@ -96,9 +97,9 @@ class ServiceSettings:
     #: names another is refused. Empty = no check.
     model_sha256: str = ""
     #: The fair-start gate (``learner/lease_gate.py``).
-    gate: GateSettings = field(default_factory=GateSettings)
+    gate: SyncConfig = field(default_factory=SyncConfig)
     #: How the pipelines of stage nodes are planned (the ``[pipeline]`` config section).
-    pipeline: PipelineSettings = field(default_factory=PipelineSettings)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
 
 @dataclass(frozen=True)

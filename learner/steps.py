@@ -29,13 +29,13 @@ from learner.checkpoint import LoopState
 from learner.config import LearnerConfig
 from learner.coordinator import COMPLETED, HELD, CompletedGroup, Coordinator, GroupSpec
 from learner.episodes import initial_prompt
-from learner.scoring import Decoder, reward_fields, score_groups
+from learner.scoring import reward_fields, rewards_and_advantages
 from learner.service import LearnerService
 from learner.step_check import ChecksFailed, GroupCheck, StepChecks
 from learner.step_timing import DissemWatch, StepClock, gen_seconds
 from learner.trainer_api import TrainerAPI
 from learner.verify_queue import VerifyQueue
-from tasks.interface import SingleTurnTask
+from tasks.interface import SingleTurnTask, Tokenizer
 from swarm.proto.adapter import AdapterReply
 
 #: Print a "waiting for rollouts" line when a batch has made no progress for this long.
@@ -58,7 +58,7 @@ class StepContext:
     service: LearnerService
     trainer: TrainerAPI
     task: SingleTurnTask
-    tokenizer: Decoder
+    tokenizer: Tokenizer
     console: Callable[[str], None]
     #: One GRPO update on a batch of samples: the trainer's ``train_step``, serialised with
     #: verification (:meth:`learner.verify.Verifier.exclusive`) when verification is on.
@@ -200,7 +200,8 @@ async def _train_and_publish(ctx: StepContext, groups: list[CompletedGroup], t0:
     state = ctx.state
     clock, watch = StepClock(t0, idle), ctx.dissem_watch  # watch: the version these rollouts waited for
     with clock.part("reward"):
-        samples, rewards = score_groups(groups, ctx.task, ctx.tokenizer)
+        samples, rewards = rewards_and_advantages(groups, ctx.task, ctx.tokenizer,
+                                                  scale_by_std=ctx.cfg.train.scale_rewards == "group")
     check: dict[str, float] = {}
     if ctx.cfg.train.behaviour_check:  # learner/behaviour_check.py
         with clock.part("check"):

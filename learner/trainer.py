@@ -72,9 +72,7 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         self.resolved = model
-        self.train, self.lora = train or TrainConfig(), lora or LoraSettings()
-        self.train.validate()
-        self.lora.validate()
+        self.train, self.lora = train or TrainConfig(), lora or LoraSettings()  # checked when built
         t = self.train
         self.dist = dist if dist is not None and dist.active else None
         if t.torch_threads:
@@ -122,7 +120,7 @@ class Trainer:
     # -- batching ---------------------------------------------------------------------------
     def _micro_batches(self, batch: Sequence[Any]) -> list[list[int]]:
         """Indices grouped into micro-batches. Samples that share a prompt (a GRPO group) go
-        together so the prompt is run once per micro-batch (see :meth:`_shared_prompt_logprobs`);
+        together so the prompt is run once per micro-batch (see :meth:`_logprobs_of`);
         the rest is grouped by length (less padding)."""
         mb = self.micro_batch_size(batch)
         by_prompt: dict[tuple[int, ...], list[int]] = {}

@@ -27,7 +27,6 @@ this is the I/O around them.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections import deque
@@ -36,10 +35,10 @@ from typing import Any, Callable
 
 import trio
 
+from learner.config_verify import ValidatorConfig
 from learner.replay import ReplayBudget, compare_group
 from learner.validators import blind_request, pick_validator, referee
 from learner.work_desk import SamplingDefaults
-from swarm.config import ConfigError
 from swarm.proto.validate import ValidateJob, ValidateResult
 from swarm.proto.work import group_seed
 
@@ -47,44 +46,6 @@ log = logging.getLogger("echo_swarm.learner")
 
 #: The verify queue's answer for a group the validators could not decide (check it statistically).
 FALLBACK = "fallback"
-
-
-@dataclass
-class ValidatorConfig:
-    """Validator nodes (``learner/validator_desk.py``): picked groups of torch and MLX nodes are
-    replayed by a peer of the same declared class instead of re-scored, when one is available."""
-
-    #: Use validators at all (off: those groups keep the statistical check).
-    enabled: bool = True
-    #: Seconds from queueing a job until its result must have arrived (the validator may first
-    #: finish the lease it is generating); past it the group falls back to the statistical check.
-    deadline_s: float = 300.0
-    #: Largest |pushed - replayed| log-prob of an identical token. Tokens must match exactly; the
-    #: log-probs of the same class differ by thread count and kernel choice (measured on torch
-    #: CPU fp32: see ``docs/security.md``, "Exact verification").
-    max_logprob_diff: float = 1e-3
-    #: Most jobs waiting for one validator's next work request (more: the group falls back).
-    max_jobs_per_peer: int = 4
-    #: Seconds per learner step, on average, that verification may spend waiting on validators
-    #: beyond each node's first ``first_groups`` (0 = no limit): a picked group goes to a validator
-    #: while there is credit and is charged the measured wait of the last one; otherwise it gets the
-    #: statistical check. Keeps validators' time (replays instead of rollouts) and the verify
-    #: worker's waits bounded per step, as ``replay.budget_s_per_step`` bounds the learner's replays.
-    budget_s_per_step: float = 30.0
-    #: A node's first picked groups that always go to a validator (never charged to the budget).
-    first_groups: int = 1
-
-    def validate(self) -> None:
-        if not (self.deadline_s > 0 and math.isfinite(self.deadline_s)):
-            raise ConfigError(f"validators.deadline_s must be > 0, got {self.deadline_s}")
-        if not (self.max_logprob_diff >= 0 and math.isfinite(self.max_logprob_diff)):
-            raise ConfigError(f"validators.max_logprob_diff must be >= 0, got {self.max_logprob_diff}")
-        if self.max_jobs_per_peer < 1:
-            raise ConfigError("validators.max_jobs_per_peer must be >= 1")
-        if not (self.budget_s_per_step >= 0 and math.isfinite(self.budget_s_per_step)):
-            raise ConfigError(f"validators.budget_s_per_step must be >= 0, got {self.budget_s_per_step}")
-        if self.first_groups < 0:
-            raise ConfigError(f"validators.first_groups must be >= 0, got {self.first_groups}")
 
 
 @dataclass
@@ -163,10 +124,8 @@ class ValidatorDesk:
         s, tol = self.sampling, self.cfg.max_logprob_diff
 
         def job() -> ValidateJob:
-            b = blind_request(prompt_ids, len(pushed), result.version, s.temperature, s.top_p, s.max_tokens,
-                              group_seed(s.seed, group_id))
-            return ValidateJob(b.request_id, list(b.prompt_ids), b.version, b.group_size, b.temperature, b.top_p,
-                               b.max_tokens, b.seed)
+            return blind_request(prompt_ids, len(pushed), result.version, s.temperature, s.top_p, s.max_tokens,
+                                 group_seed(s.seed, group_id))
 
         first = pick_validator(self.classes(), producer, set(), self.rng)
         got1 = None if first is None else await self._ask(first, job())

@@ -23,6 +23,8 @@ import random
 import secrets
 from dataclasses import dataclass
 
+from swarm.proto.validate import ValidateJob
+
 #: Backends whose numerics only a peer of the same class can reproduce.
 VALIDATED_BACKENDS = ("torch", "mlx")
 
@@ -53,25 +55,13 @@ def pick_validator(classes: dict[str, str | None], producer: str, excluded: set[
     return rng.choice(pool) if pool else None
 
 
-@dataclass(frozen=True)
-class BlindRequest:
-    """What a validator is told: enough to generate the group, nothing about its origin."""
-
-    request_id: str
-    prompt_ids: tuple[int, ...]
-    group_size: int
-    version: int
-    temperature: float
-    top_p: float
-    max_tokens: int
-    seed: int
-
-
 def blind_request(prompt_ids: list[int], group_size: int, version: int, temperature: float, top_p: float,
-                  max_tokens: int, seed: int) -> BlindRequest:
-    """A validation request with a fresh random id (not the group's id, not the producer's)."""
-    return BlindRequest(secrets.token_hex(8), tuple(int(t) for t in prompt_ids), int(group_size), int(version),
-                        float(temperature), float(top_p), int(max_tokens), int(seed))
+                  max_tokens: int, seed: int) -> ValidateJob:
+    """What a validator is told: enough to generate the group, nothing about its origin (a fresh
+    random request id, not the group's id, not the producer's)."""
+    return ValidateJob(request_id=secrets.token_hex(8), prompt_ids=[int(t) for t in prompt_ids],
+                       group_size=int(group_size), version=int(version), temperature=float(temperature),
+                       top_p=float(top_p), max_tokens=int(max_tokens), seed=int(seed))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ temperature) over prompt + completion and gets, at each model token t, the recom
 the group's prompt once with its KV cache repeated over the completions, the training precision
 (``verify.precision``; the trainer's by default: bf16 autocast where ``train.precision = auto`` measured
 it faster, else fp32), all three figures from the same logits; the
-groups waiting for a check are scored together (:meth:`Verifier.score_groups`), with
+groups waiting for a check are scored together (:meth:`Verifier.rescore_groups`), with
 ``verify.torch_threads`` threads (1: the checks run while the learner waits for rollouts, beside
 the nodes on a shared machine). Its log-probs stay with the trainer until its next optimizer step,
 so a training step that needs the policy's log-probs before it updates (the decoupled loss's
@@ -53,63 +53,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from swarm.config import ConfigError
+from learner.config_verify import VerifyConfig
 
 log = logging.getLogger("echo_swarm.learner")
 
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-@dataclass
-class VerifyConfig:
-    """Rollout verification (``learner/verify.py``): the learner re-scores sampled groups under
-    the version they claim and refuses nodes whose rollouts were not sampled from it."""
-
-    #: Verify rollouts at all.
-    enabled: bool = True
-    #: Fraction of groups verified after a node's first ones (random, within the budget).
-    sample_frac: float = 0.25
-    #: A node's first this many groups are all verified (whatever the budget).
-    first_groups: int = 2
-    #: Most seconds of verification per learner step beyond the first groups (0 = no limit).
-    budget_s_per_step: float = 10.0
-    #: Per backend: most mean |claimed - recomputed| log-prob per token over a group (``default``
-    #: for unlisted backends). Calibrated on honest nodes: see ``docs/security.md``.
-    max_mean_abs_diff: dict[str, float] = field(default_factory=lambda: {
-        "llamacpp": 0.2, "torch": 0.08, "mlx": 0.2, "default": 0.2})
-    #: Most |z| of a group's surprisal excess beyond ``surprisal_slack`` (sampled text has z about
-    #: N(0, 1)). Calibrated on honest nodes: see ``docs/benchmarks.md``.
-    max_abs_z: float = 4.0
-    #: Excess surprisal (nats per token, either sign) tolerated before the z test counts: the
-    #: shift of honest quantised nodes, which sample from a slightly different distribution.
-    surprisal_slack: float = 0.2
-    #: Precision of the re-scoring pass: ``train`` (the trainer's own, as ``train.precision``
-    #: resolved: bf16 autocast or fp32; the thresholds above are calibrated for both) or ``fp32``.
-    precision: Literal["train", "fp32"] = "train"
-    #: Torch threads while re-scoring (0 = the trainer's). The checks run while the learner waits
-    #: for rollouts, beside the nodes when they share the machine: 1 takes one core's compute and
-    #: no more (a pool as wide as the machine slows down sharply on shared cores).
-    torch_threads: int = 1
-    #: Sequential mode (one rank): check the picked groups on the training step's own forward
-    #: (``learner/step_check.py``: one forward, not two; held groups are trained only after
-    #: their check passed, in the same step). Off, or in async mode: a separate re-scoring pass
-    #: while the learner waits for rollouts, as before.
-    in_step: bool = True
-
-    def validate(self) -> None:
-        _require(0.0 <= self.sample_frac <= 1.0, f"verify.sample_frac must be in [0, 1], got {self.sample_frac}")
-        _require(self.first_groups >= 0, f"verify.first_groups must be >= 0, got {self.first_groups}")
-        _require(self.budget_s_per_step >= 0, f"verify.budget_s_per_step must be >= 0, got {self.budget_s_per_step}")
-        _require(self.precision in ("train", "fp32"), f"verify.precision must be train or fp32, got {self.precision!r}")
-        _require(self.torch_threads >= 0, f"verify.torch_threads must be >= 0, got {self.torch_threads}")
 
 @dataclass
 class GroupStats:
@@ -263,11 +214,11 @@ class Verifier:
         self.sampled += picked
         return picked
 
-    def score(self, prompt_ids: list[int], completions: list[list[int]], version: int) -> list[Scored] | None:
+    def rescore(self, prompt_ids: list[int], completions: list[list[int]], version: int) -> list[Scored] | None:
         """Recompute (blocking; run in a thread). ``None`` if ``version`` is no longer the weights'."""
-        return self.score_groups([(prompt_ids, completions, version)])[0]
+        return self.rescore_groups([(prompt_ids, completions, version)])[0]
 
-    def score_groups(self, groups: list[tuple[list[int], list[list[int]], int]]) -> list[list[Scored] | None]:
+    def rescore_groups(self, groups: list[tuple[list[int], list[list[int]], int]]) -> list[list[Scored] | None]:
         """:meth:`score` for several groups (prompt ids, completions, version) in one hold of the lock
         and one torch thread setting: the groups waiting for a check are scored together."""
         with self.lock:  # the time spent waiting for a training step is not verification cost
@@ -310,8 +261,8 @@ class Verifier:
 
     def check_groups(self, items: list[tuple[str, str, list[int], Any]]) -> list[str | None]:
         """Verify several groups (peer id, backend, prompt ids, pushed ``GroupResult``), scored
-        together (:meth:`score_groups`); per group the failure reason or ``None``."""
-        scores = self.score_groups([(prompt, [c.token_ids for c in result.completions], result.version)
+        together (:meth:`rescore_groups`); per group the failure reason or ``None``."""
+        scores = self.rescore_groups([(prompt, [c.token_ids for c in result.completions], result.version)
                                     for _peer, _backend, prompt, result in items])
         return [self._judge(peer, backend, result, scored)
                 for (peer, backend, _prompt, result), scored in zip(items, scores)]

@@ -12,7 +12,7 @@ before it takes new work.
 - **Pass.** When every picked group of the push passes (or is skipped because its version is no
   longer the learner's weights), the push's groups still held are released to training and the
   service is notified, so a step waiting for its batch wakes.
-- **Fail.** The peer is untrusted (:func:`learner.verify.untrust`): its leases are revoked and
+- **Fail.** The peer is untrusted (:meth:`learner.service.LearnerService.untrust`): its leases are revoked and
   all its untrained groups, held ones included, are dropped (``unverified``) and pending again
   for other nodes. None of the push is trained.
 - **Error.** If the check itself raises, the push's held groups are dropped (``verify_error``)
@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import trio
 
-from learner.changes import Changes
+from swarm.changes import Changes
 from learner.coordinator import Coordinator
 from learner.replay_llamacpp import LlamaCppReplay
 from learner.validator_desk import FALLBACK, ValidatorDesk
@@ -107,7 +107,7 @@ class VerifyQueue:
         #: groups the learner cannot replay itself; None: those are re-scored statistically.
         self.validators = validators
         self._items: deque[PendingCheck] = deque()
-        self._added = trio.Event()
+        self._added = Changes()
         self.closed = False
         self._scope: trio.CancelScope | None = None
         #: Held while a batch is scored in a worker thread (batches waiting on validators run beside).
@@ -126,11 +126,10 @@ class VerifyQueue:
             return
         self._items.append(item)
         self.last[item.peer_id] = item
-        self._added.set()
+        self._added.notify()
 
     async def _get(self) -> PendingCheck:
         while not self._items:
-            self._added = trio.Event()
             await self._added.wait()
         return self._items.popleft()
 

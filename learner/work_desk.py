@@ -2,7 +2,7 @@
 nodes (pipeline heads and the stages they drive).
 
 A node asks for work (``WORK``); the desk answers at once when it can, otherwise waits for a
-change (:class:`~learner.changes.Changes`) until the run is over or ``long_poll_s`` passes:
+change (:class:`~swarm.changes.Changes`) until the run is over or ``long_poll_s`` passes:
 
 1. the run is done -> ``done``;
 2. a stage node whose assignment changed (another layer range, pipeline or adapter version)
@@ -25,7 +25,7 @@ from typing import Callable
 import trio
 
 from learner.admission import Admission
-from learner.changes import Changes
+from swarm.changes import Changes
 from learner.coordinator import Coordinator
 from learner.episodes import EpisodeSettings
 from learner.group_ledger import LeaseRecord

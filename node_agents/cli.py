@@ -4,22 +4,26 @@ Entry point only: argument parsing here, heavy imports (llama.cpp, torch, MLX, l
 ``join``. At join the node lowers its priority (``--priority``), detects its hardware, picks a
 backend (``--backend auto``), runs a quick throughput probe and sends all of it in its hello.
 ``pause``/``resume``/``status`` act on a node through its data dir (``node_agents/status_cli.py``);
-``service`` installs it as a user service (``node_agents/service.py``).
+``service`` installs it as a user service (``node_agents/service.py``); ``config`` prints the
+node's config as the join flags would make it, with every field's doc and default.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import re
 import sys
 
+from common.exits import INTERRUPTED, Exit, exit_status
 from common.version import version_line
 from node_agents.config import NodeConfig
 from node_agents.hardware import choose_backend, detect, installed_backends
-from node_agents.join_check import check_join_args
+from node_agents.join_check import check_join_args, node_config
 from node_agents.models import resolve_for_backend
-from swarm.config import ConfigError, Shortcut, add_shortcuts, shortcut_values
+from swarm.config import ConfigError
+from swarm.config_flags import Shortcut, add_shortcuts
 from swarm.quiet import quiet_libp2p
 
 
@@ -65,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     from node_agents.status_cli import add_commands
 
     add_commands(sub, NodeConfig, JOIN_FLAGS)
+    c = sub.add_parser("config", help="print the node's config as these join flags make it: every field with its doc, "
+                                      "its default and its flag (--markdown: the reference table)")
+    add_shortcuts(c, NodeConfig, JOIN_FLAGS)
+    c.add_argument("--markdown", action="store_true", help="print the reference as Markdown (docs/config.md)")
     d = sub.add_parser("doctor", help="what this machine's network lets a node do: NAT kind, dial-back, hole punch, "
                                       "bandwidth, role (exit 0 relays, 1 leaf only, 2 could not check)")
     d.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
@@ -91,12 +99,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.verbose:
             quiet_libp2p()
         return doctor_main(args)
+    if args.command == "config":
+        return print_config(args)
     if args.command != "join":
         from node_agents.status_cli import run_command
 
         return run_command(args, JOIN_FLAGS)
     try:
-        cfg = NodeConfig(**shortcut_values(args, JOIN_FLAGS))
+        cfg = node_config(args, JOIN_FLAGS)
     except ConfigError as e:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 2
@@ -114,40 +124,73 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return join(cfg)
     except KeyboardInterrupt:
-        print("swarm-node: interrupted", file=sys.stderr)
-        return 130
+        return exit_status("swarm-node", KeyboardInterrupt(), (INTERRUPTED,)) or 130
 
 
-def join(cfg) -> int:
+def print_config(args: argparse.Namespace) -> int:
+    """``swarm-node config``: the config the given join flags make, each field with its doc,
+    default and flag (as TOML comments), or the Markdown reference (``--markdown``)."""
+    from swarm.config_doc import annotated_toml, markdown_reference
+
+    try:
+        cfg = node_config(args, JOIN_FLAGS)
+    except ConfigError as e:
+        print(f"swarm-node: {e}", file=sys.stderr)
+        return 2
+    flags = {path: sc.flag for sc in JOIN_FLAGS for path in sc.fields}
+    print(markdown_reference(NodeConfig, flags=flags) if args.markdown else annotated_toml(cfg, flags=flags), end="")
+    return 0
+
+
+def join_exits() -> tuple[Exit, ...]:
+    """``swarm-node join``'s exit statuses: 2 a problem of this machine or these flags (retrying
+    cannot help), 4 not the learner given or pinned, 3 the learner refused this node's model, 1
+    the learner stayed unreachable, 130 interrupted."""
+    from node_agents.agent import LearnerGone, ModelRefused
+    from node_agents.control import AlreadyRunning
+    from node_agents.discovery import WrongRun
+    from node_agents.model_fetch import ModelError
+    from swarm.content.fetch import FetchError
+    from swarm.discovery.identity import LearnerRefused, PinError
+
+    return (Exit((AlreadyRunning, FileNotFoundError, ValueError, ImportError, ModelError, FetchError, WrongRun,
+                  PinError), 2),
+            Exit((LearnerRefused,), EXIT_LEARNER_REFUSED), Exit((ModelRefused,), 3), Exit((LearnerGone,), 1),
+            INTERRUPTED)
+
+
+def join(cfg: NodeConfig) -> int:
     import os
 
     import trio
 
-    from node_agents.agent import LearnerGone, ModelRefused, NodeAgent
-    from node_agents.control import AlreadyRunning, NodeLock
+    from node_agents.agent import NodeAgent
+    from node_agents.control import NodeLock
+    from node_agents.discovery import node_discovery
     from node_agents.pause_gate import PauseGate
     from node_agents.priority import cap_threads
     from node_agents.record import NodeRecord
     from node_agents.schedule import parse_hours
-    from node_agents.discovery import WrongRun, node_discovery
-    from node_agents.model_fetch import ModelError
-    from swarm.content.fetch import FetchError
-    from swarm.discovery.identity import LearnerPins, LearnerRefused, PinError
+    from swarm.discovery.identity import LearnerPins
+    from swarm.config import with_values
     from swarm.host import open_host
     from swarm.nat.config import NatConfig
     from swarm.nat.service import nat_running
 
     try:
         hw = detect()
-        cfg.backend = choose_backend(cfg.backend, hw.kind, installed_backends())
+        backend_name = choose_backend(cfg.backend, hw.kind, installed_backends())
     except (FileNotFoundError, ValueError, ImportError) as e:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 2
-    print(f"swarm-node: {polite_threads(cfg)}", flush=True)
-    cfg.threads = cap_threads(cfg.threads, cfg.max_threads, os.cpu_count() or 1)
+    threads, line = polite_threads(cfg.threads)
+    print(f"swarm-node: {line}", flush=True)
+    cfg = with_values(cfg, {"backend": backend_name,
+                            "threads": cap_threads(threads, cfg.max_threads, os.cpu_count() or 1)})
     record = NodeRecord(cfg.data_dir)
 
     async def _main() -> None:
+        nonlocal cfg
         pins = LearnerPins.in_dir(cfg.data_dir)  # the learner of each run this node has served
         async with open_host(cfg.data_dir, listen_addr=cfg.listen, announce=cfg.announce) as host, \
                 nat_running(host, NatConfig(serve_relay=cfg.relay)) as nat, \
@@ -158,6 +201,7 @@ def join(cfg) -> int:
             record.started(host.peer_id, name)
             # The base model first (fetched from the swarm if needed), then the backend.
             prepared = await _prepare(host, cfg, net)
+            cfg = dataclasses.replace(cfg, model_sha256=prepared.content_sha256, model=cfg.model or str(prepared.source))
             stage = await trio.to_thread.run_sync(_stage_join, cfg, prepared.path, hw)
             if stage is not None:  # a pipeline stage node: no whole model is loaded
                 agent = stage_agent(cfg, stage, name, net, nat)
@@ -177,35 +221,16 @@ def join(cfg) -> int:
                 backend.close()
 
     try:
-        try:
-            with NodeLock(cfg.data_dir):
-                try:
-                    trio.run(_until_stopped, _main)
-                finally:
-                    record.stopped()
-        except BaseExceptionGroup as group:  # nurseries wrap what the agent raised
-            leaf = _single(group)
-            if leaf is None:
-                raise
-            raise leaf from None
-    except AlreadyRunning as e:
-        print(f"swarm-node: {e}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, ValueError, ImportError, ModelError, FetchError) as e:
-        print(f"swarm-node: {e}", file=sys.stderr)
-        return 2
-    except (WrongRun, PinError) as e:
-        print(f"swarm-node: {e}", file=sys.stderr)
-        return 2
-    except LearnerRefused as e:  # not the given or pinned learner: retrying cannot help
-        print(f"swarm-node: {e}", file=sys.stderr)
-        return EXIT_LEARNER_REFUSED
-    except ModelRefused as e:
-        print(f"swarm-node: {e}", file=sys.stderr)
-        return 3
-    except LearnerGone as e:
-        print(f"swarm-node: {e}", file=sys.stderr)
-        return 1
+        with NodeLock(cfg.data_dir):
+            try:
+                trio.run(_until_stopped, _main)
+            finally:
+                record.stopped()
+    except BaseException as e:  # nurseries wrap what the agent raised in exception groups
+        code = exit_status("swarm-node", e, join_exits())
+        if code is None:
+            raise
+        return code
     return 0
 
 
@@ -229,65 +254,54 @@ async def _until_stopped(main) -> None:
         nursery.cancel_scope.cancel()
 
 
-def polite_threads(cfg) -> str:
-    """Settle ``cfg.threads`` (0: :func:`common.choosers.choose_node_threads` over this machine's
-    physical cores) and let idle worker threads sleep (``OMP_WAIT_POLICY=PASSIVE`` unless the
-    user set it), before torch or llama.cpp loads; returns the line saying so."""
+def polite_threads(requested: int) -> tuple[int, str]:
+    """The node's generation threads (``requested``; 0: :func:`common.choosers.choose_node_threads`
+    over this machine's physical cores), after letting idle worker threads sleep
+    (``OMP_WAIT_POLICY=PASSIVE`` unless the user set it) before torch or llama.cpp loads; and the
+    line saying so."""
     import os
 
     from common.choosers import choose_node_threads
     from common.machine import machine_facts, set_passive_wait
 
     facts = machine_facts()
-    choice = choose_node_threads(facts.physical_cores, cfg.threads)
-    cfg.threads = choice.value
+    choice = choose_node_threads(facts.physical_cores, requested)
     set_passive_wait()
     wait = os.environ.get("OMP_WAIT_POLICY", "")
-    return (f"{choice.reason}, of {facts.logical_cores} CPUs here; "
-            f"OMP_WAIT_POLICY={wait} ({'waiting threads sleep' if wait.upper() == 'PASSIVE' else 'yours'})")
+    return choice.value, (f"{choice.reason}, of {facts.logical_cores} CPUs here; "
+                          f"OMP_WAIT_POLICY={wait} ({'waiting threads sleep' if wait.upper() == 'PASSIVE' else 'yours'})")
 
 
-def _single(group: BaseExceptionGroup) -> BaseException | None:
-    """The one exception inside nested single-member groups (None if there are several)."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        if len(exc.exceptions) != 1:
-            return None
-        exc = exc.exceptions[0]
-    return exc
-
-
-async def _prepare(host, cfg, net=None):
+async def _prepare(host, cfg: NodeConfig, net=None):
     """The base model (``node_agents.model_fetch``: the run's, fetched and cached, or the local
-    one checked), in the backend's format."""
+    one checked), in the backend's format; retried with the node's backoff
+    (:func:`node_agents.rejoin.decide`, as every other wait for the learner)."""
     import trio
 
-    from node_agents.agent import LearnerGone, backoff_delay
+    from node_agents.agent import LearnerGone
     from node_agents.model_fetch import prepare_model
+    from node_agents.rejoin import Outcome, decide
     from swarm.errors import SwarmError
     from swarm.wire import WireError
 
-    attempt = 0
+    failures = 0
     while True:
         try:
             learner = await (net.connect() if net is not None else host.connect(cfg.learner))
-            prepared = await prepare_model(host, learner, cfg)
-            break
+            return await prepare_model(host, learner, cfg)
         except (SwarmError, WireError) as e:
-            attempt += 1
-            if cfg.max_retries and attempt > cfg.max_retries:
+            failures += 1
+            decision = decide(Outcome("gone", f"no model from it: {e}"), attempt=failures - 1, failures=failures,
+                              once=False, max_retries=cfg.max_retries, initial_s=cfg.backoff_initial_s,
+                              maximum_s=cfg.backoff_max_s)
+            if decision.action == "exit":
                 raise LearnerGone(f"cannot get the run's model from the learner: {e}") from e
-            delay = backoff_delay(attempt - 1, cfg.backoff_initial_s, cfg.backoff_max_s)
-            print(f"swarm-node: learner unavailable for the model ({e}); retry {attempt} in {delay:.1f}s",
-                  file=sys.stderr, flush=True)
-            await trio.sleep(delay)
-    cfg.model_sha256 = prepared.content_sha256
-    if not cfg.model:
-        cfg.model = str(prepared.source)
-    return prepared
+            if decision.say:
+                print(f"swarm-node: {decision.say}", file=sys.stderr, flush=True)
+            await trio.sleep(decision.wait_s)
 
 
-async def _load_backend(host, cfg, machine: str, net=None, prepared=None):
+async def _load_backend(host, cfg: NodeConfig, machine: str, net=None, prepared=None):
     """Load and probe the backend in a worker thread (the model prepared by :func:`_prepare`)."""
     import trio
 

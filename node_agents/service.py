@@ -87,12 +87,11 @@ def service_main(args: argparse.Namespace, shortcuts: tuple) -> int:
 
 
 def install(args: argparse.Namespace, shortcuts: tuple, system: str) -> int:
-    from node_agents.config import NodeConfig
-    from node_agents.join_check import check_join_args
-    from swarm.config import ConfigError, shortcut_values
+    from node_agents.join_check import check_join_args, node_config
+    from swarm.config import ConfigError
 
     try:
-        cfg = NodeConfig(**shortcut_values(args, shortcuts))
+        cfg = node_config(args, shortcuts)
     except ConfigError as e:
         print(f"swarm-node: {e}", file=sys.stderr)
         return 2

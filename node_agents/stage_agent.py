@@ -162,9 +162,9 @@ class StageAgent(NodeAgent):
                 await trio.sleep(reply.retry_after_s)
 
     async def _drain(self) -> None:
-        sessions = getattr(self.stage, "_sessions", None)
+        sessions = self.stage.sessions if self.stage is not None else ()
         with trio.move_on_after(DRAIN_TIMEOUT_S):
-            while sessions:
+            while len(sessions):
                 await trio.sleep(0.05)
 
     async def _apply(self, host, peer: str, a: StageAssignment) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from node_agents import control
 from node_agents.config import default_data_dir
 from node_agents.record import read_record
-from swarm.config import add_shortcuts
+from swarm.config_flags import add_shortcuts
 
 #: How long ``pause`` waits for a running node to say it paused (s).
 PAUSE_ACK_S = 5.0

@@ -76,6 +76,36 @@ def _is_link_local_v6(addr: str) -> bool:
     return isinstance(ip, ipaddress.IPv6Address) and ip.is_link_local
 
 
+def check_p2p_addr(addr: str) -> str:
+    """``addr`` when it ends in ``/p2p/<peer id>`` (a member to dial and know by its id); raises
+    ``ValueError`` otherwise."""
+    if not split_peer_id(addr)[1]:
+        raise ValueError(f"{addr!r} must end in /p2p/<peer id>")
+    return addr
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6; HOST an IP address or ``localhost``) -> (host, port);
+    ``ValueError`` with the reason."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"address {text!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"address {text!r}: port {port} is out of range")
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"address {text!r}: {host!r} is not an IP address or localhost") from None
+    return host, port
+
+
 def check_announce(addr: str) -> str:
     """Validate an ``--announce`` multiaddr: ``/ip4|ip6|dns|dns4|dns6/<host>/tcp/<port>``
     (an optional ``/p2p/<id>`` suffix is dropped: the host appends its own). Raises

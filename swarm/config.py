@@ -1,40 +1,199 @@
-"""Typed configuration helpers: dataclasses loaded from TOML with dotted CLI overrides.
+"""Typed configuration: frozen dataclass sections, checked when built, loaded from TOML with
+dotted CLI overrides.
 
-Every config section is a dataclass whose fields carry a ``#:`` comment explaining them.
-``load_config(cls, path, overrides)`` reads a TOML file (unknown keys are an error, so a
-typo never passes silently), applies ``section.key=value`` overrides parsed as TOML
-values (``train.steps=20``, ``model.name="/path/model.gguf"``) and calls the config's
-``validate()`` when it has one. A config path that does not exist as given but names one of the
-example configs installed with the package (``configs/arith.toml``, or just ``arith.toml``) is
-read from there (:func:`installed_config`).
+The one convention (``docs/config.md`` is generated from it):
 
-CLI shortcut flags (``--device DEV`` for ``--set train.device=DEV``) are declared once as
-:class:`Shortcut` rows naming a field; :func:`add_shortcuts` derives each flag's type, choices
-and help from the field (its annotation and its ``#:`` comment), and :func:`shortcut_overrides`
-/ :func:`shortcut_values` turn the given flags back into overrides.
+- A section is a frozen dataclass deriving from :class:`Section`, declared once, in a config
+  module of the lowest package that reads it; every field has a ``#:`` comment above it (its
+  doc, shown by ``swarm-learner config`` / ``swarm-node config`` and in ``docs/config.md``).
+- Bounds and checks sit on the field: ``fan_out: int = setting(2, ge=1)``, or
+  ``check=fn`` for a value with a shape (an address, a device); rules across fields are
+  :class:`Rule` rows in the section's ``rules``. All are checked whenever a section is built
+  (loaded, constructed in code, or copied with :func:`dataclasses.replace`), so a bad value
+  fails at load with a message naming the field, never later inside the part that reads it.
+- Parts take their section whole (no second "Settings" copy of its fields); a value decided at
+  run time gives a new config (``dataclasses.replace``), never an assignment.
+
+``load_config(cls, path, overrides)`` reads a TOML file (unknown keys are an error, so a typo
+never passes silently) and applies ``section.key=value`` overrides parsed as TOML values
+(``train.steps=20``, ``model.name="/path/model.gguf"``). A config path that does not exist as
+given but names one of the example configs installed with the package (``configs/arith.toml``,
+or just ``arith.toml``) is read from there (:func:`installed_config`).
+
+CLI flags that stand for a field are in :mod:`swarm.config_flags`; the reference printed by
+the ``config`` commands is written by :mod:`swarm.config_doc`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import inspect
+import math
 import re
 import sysconfig
 import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any, Callable, TypeVar, get_args, get_origin
+from typing import Any, Callable, ClassVar, TypeVar, get_args, get_origin, overload
 
 C = TypeVar("C")
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A config file or override that does not match the schema."""
+    """A config file, override or value that does not match the schema. ``field``: the dotted
+    path of the field at fault (relative to the section that raised it; "" when none is)."""
+
+    def __init__(self, message: str, field: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.field, self.reason = field, reason or message
+
+    @classmethod
+    def at(cls, field: str, reason: str) -> ConfigError:
+        """The error of field ``field``: ``"<field> <reason>"`` (``reason`` starts with a verb, or
+        with ``":"`` for a message of its own)."""
+        sep = "" if reason.startswith(":") else " "
+        return cls(f"{field}{sep}{reason}", field, reason)
 
 
+# -- declaring and checking sections ---------------------------------------------------------------
+_BOUNDS = "echo_swarm_bounds"
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """What a field's value must satisfy, and how its default is shown (kept in the field's
+    metadata by :func:`setting`)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    #: Raises ``ValueError`` (its message says why) for a value of the wrong shape; for a list
+    #: field it is called on each item.
+    check: Callable[[Any], object] | None = None
+    #: The default as the reference shows it, when its value depends on the machine (a path).
+    shown: str = ""
+
+    def problem(self, value: object) -> str | None:
+        """Why ``value`` is out of bounds (``"must be >= 1, got 0"``), or None."""
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if self.check is not None:
+            for item in items:
+                try:
+                    self.check(item)
+                except ValueError as e:
+                    return f": {e}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        if isinstance(value, float) and math.isnan(value):
+            return "must be a number, got nan"
+        for op, bound, ok in ((">=", self.ge, lambda b: value >= b), (">", self.gt, lambda b: value > b),
+                              ("<=", self.le, lambda b: value <= b), ("<", self.lt, lambda b: value < b)):
+            if bound is not None and not ok(bound):
+                return f"must be {self.describe()}, got {value!r}"
+        return None
+
+    def describe(self) -> str:
+        """``>= 1``, ``in [0, 1)``, ``> 0``: the bounds as a reader sees them ("" when none)."""
+        lo = ("[", self.ge) if self.ge is not None else ("(", self.gt) if self.gt is not None else None
+        hi = ("]", self.le) if self.le is not None else (")", self.lt) if self.lt is not None else None
+        if lo and hi:
+            return f"in {lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
+        if lo:
+            return f"{'>=' if lo[0] == '[' else '>'} {_num(lo[1])}"
+        if hi:
+            return f"{'<=' if hi[0] == ']' else '<'} {_num(hi[1])}"
+        return ""
+
+
+def _num(x: float | None) -> str:
+    return repr(x) if not (isinstance(x, float) and x.is_integer()) else repr(int(x))
+
+
+@overload
+def setting(default: T, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None, check: Callable[[Any], object] | None = None, shown: str = "") -> T: ...
+@overload
+def setting(*, factory: Callable[[], T], ge: float | None = None, gt: float | None = None,
+            le: float | None = None, lt: float | None = None, check: Callable[[Any], object] | None = None,
+            shown: str = "") -> T: ...
+
+
+def setting(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, ge: float | None = None,
+            gt: float | None = None, le: float | None = None, lt: float | None = None,
+            check: Callable[[Any], object] | None = None, shown: str = "") -> Any:
+    """A section field with its default (or ``factory``) and what its value must satisfy: bounds
+    (``ge``, ``gt``, ``le``, ``lt``) and/or ``check`` (raises ``ValueError`` saying why).
+    ``shown``: the default as the reference shows it, for a default that depends on the machine."""
+    meta = {_BOUNDS: Bounds(ge, gt, le, lt, check, shown)}
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A rule across the fields of a section: ``test(section)`` must be true, else ``field`` (the
+    dotted path, relative to the section, of the field to change) is at fault: ``message``; a
+    ``test`` that raises ``ValueError`` gives its own message instead."""
+
+    field: str
+    test: Callable[[Any], bool]
+    message: str = ""
+
+
+class Section:
+    """Base of every config section (a frozen dataclass): :func:`check_section` runs whenever
+    one is built, so no section with a value out of bounds exists."""
+
+    #: Rules across this section's fields, checked after each field's own bounds.
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    def __post_init__(self) -> None:
+        check_section(self)
+
+
+def bounds_of(f: dataclasses.Field) -> Bounds | None:
+    return f.metadata.get(_BOUNDS)
+
+
+_CHOICES: dict[type, dict[str, tuple[object, ...]]] = {}
+
+
+def _choices(cls: type) -> dict[str, tuple[object, ...]]:
+    """The ``Literal[...]`` fields of dataclass ``cls``: name -> allowed values (read once per class)."""
+    if cls not in _CHOICES:
+        hints = typing.get_type_hints(cls)
+        _CHOICES[cls] = {f.name: get_args(hints[f.name]) for f in dataclasses.fields(cls)
+                         if get_origin(hints[f.name]) is typing.Literal}
+    return _CHOICES[cls]
+
+
+def check_section(section: object) -> None:
+    """Raise :class:`ConfigError` naming the first field out of bounds (or not one of its
+    ``Literal`` choices) or the first broken rule."""
+    choices = _choices(type(section))
+    for f in dataclasses.fields(section):  # type: ignore[arg-type]
+        value = getattr(section, f.name)
+        if f.name in choices and value not in choices[f.name]:
+            raise ConfigError.at(f.name, f"must be one of {', '.join(map(str, choices[f.name]))}, got {value!r}")
+        b = bounds_of(f)
+        why = b.problem(value) if b is not None else None
+        if why:
+            raise ConfigError.at(f.name, why)
+    for rule in type(section).rules if isinstance(section, Section) else ():
+        try:
+            ok = rule.test(section)
+        except ValueError as e:
+            raise ConfigError.at(rule.field, f": {e}") from None
+        if not ok:
+            raise ConfigError.at(rule.field, rule.message)
+
+
+# -- loading -----------------------------------------------------------------------------------------
 def from_dict(cls: type[C], data: dict[str, Any], where: str = "") -> C:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'}: expected a table, got {type(data).__name__}")
@@ -46,7 +205,12 @@ def from_dict(cls: type[C], data: dict[str, Any], where: str = "") -> C:
     kwargs = {}
     for name, value in data.items():
         kwargs[name] = _coerce(value, hints[name], f"{where}.{name}" if where else name)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:  # a bound or rule of this section (nested ones are named already)
+        if not e.field:
+            raise
+        raise ConfigError.at(f"{where}.{e.field}" if where else e.field, e.reason) from None
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -66,16 +230,35 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a table")
-        return dict(value)
+        _, item = get_args(tp) or (str, Any)
+        return {k: _coerce(v, item, f"{where}.{k}") for k, v in value.items()}
     if origin is typing.Literal:
         if value not in get_args(tp):
             raise ConfigError(f"{where}: {value!r} is not one of {list(get_args(tp))}")
         return value
+    if tp is Path and isinstance(value, str):
+        return Path(value)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp in (int, float, str, bool) and not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
         raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
     return value
+
+
+def with_values(cfg: C, changes: dict[str, Any]) -> C:
+    """A copy of ``cfg`` with the fields at dotted paths set (``{"train.steps": 3}``): each section
+    on the way is rebuilt with :func:`dataclasses.replace` (and so checked); ``cfg`` is unchanged."""
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for path, value in changes.items():
+        head, _, rest = path.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            top[head] = value
+    for head, sub in nested.items():
+        top[head] = with_values(getattr(cfg, head), sub)
+    return dataclasses.replace(cfg, **top)  # type: ignore[type-var]
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -128,11 +311,7 @@ def load_config(cls: type[C], path: Path | None = None, overrides: list[str] | N
             raise ConfigError(f"config file not found: {path}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML: {e}") from None
-    cfg = from_dict(cls, apply_overrides(data, overrides or []))
-    validate = getattr(cfg, "validate", None)
-    if callable(validate):
-        validate()
-    return cfg
+    return from_dict(cls, apply_overrides(data, overrides or []))
 
 
 def dump_toml(data: dict[str, Any]) -> str:
@@ -140,49 +319,55 @@ def dump_toml(data: dict[str, Any]) -> str:
     lines: list[str] = []
     scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
     for k, v in scalars.items():
-        lines.append(f"{k} = {_toml_value(v)}")
+        lines.append(f"{k} = {toml_value(v)}")
     for k, v in data.items():
         if isinstance(v, dict):
             lines.append(f"\n[{k}]")
             for kk, vv in v.items():
                 if vv is None:
                     continue
-                lines.append(f"{kk} = {_toml_value(vv)}")
+                lines.append(f"{kk} = {toml_value(vv)}")
     return "\n".join(lines).lstrip() + "\n"
 
 
-def _toml_value(v: Any) -> str:
+def toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, Path):
+        return toml_value(str(v))
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
+        return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items() if x is not None) + "}"
     raise ConfigError(f"cannot write {type(v).__name__} to TOML")
 
 
-# -- field documentation and CLI shortcuts --------------------------------------------------------
+# -- field documentation ------------------------------------------------------------------------------
 _FIELD = re.compile(r"^    (\w+)\s*:")
 
 
 @functools.lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
-    """The ``#:`` comment lines right above each field of dataclass ``cls``, joined into one line."""
+    """The ``#:`` comment lines right above each field of dataclass ``cls`` (or of the base class
+    that declares it), joined into one line."""
     docs: dict[str, str] = {}
-    pending: list[str] = []
-    for line in inspect.getsource(cls).splitlines()[1:]:
-        text = line.strip()
-        if text.startswith("#:"):
-            pending.append(text[2:].strip())
+    for owner in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(owner) or owner is object:
             continue
-        m = _FIELD.match(line)
-        if m and pending:
-            docs[m.group(1)] = " ".join(pending)
-        pending = []
+        pending: list[str] = []
+        for line in inspect.getsource(owner).splitlines()[1:]:
+            text = line.strip()
+            if text.startswith("#:"):
+                pending.append(text[2:].strip())
+                continue
+            m = _FIELD.match(line)
+            if m and pending:
+                docs[m.group(1)] = " ".join(pending)
+            pending = []
     return docs
 
 
@@ -201,94 +386,3 @@ def field_info(cls: type, path: str) -> tuple[Any, str, Any]:
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         return tp, field_docs(owner).get(name, ""), default
     raise KeyError(path)
-
-
-@dataclasses.dataclass(frozen=True)
-class Shortcut:
-    """A CLI flag that stands for ``--set <path>=VALUE`` for one or more config fields."""
-
-    #: The flag, e.g. ``--device``.
-    flag: str
-    #: Dotted field path(s) the value goes to (e.g. ``train.device``, or ``("task.seed", "train.seed")``).
-    paths: str | tuple[str, ...]
-    #: A flag without a value that sets the field(s) to this constant (None: the flag takes a value).
-    const: Any = None
-    #: Further fields set to fixed values whenever the flag is given.
-    also: tuple[tuple[str, Any], ...] = ()
-    #: Converts the flag's text to the field's value (default: the field's type).
-    parse: Callable[[str], Any] | None = None
-    #: Placeholder in ``--help``.
-    metavar: str | None = None
-    #: ``--help`` text of a flag without a value (``const``), which says what giving it does; the
-    #: field's own comment describes the field, often the opposite of a ``--no-...`` flag.
-    help: str = ""
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        return (self.paths,) if isinstance(self.paths, str) else tuple(self.paths)
-
-    @property
-    def dest(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
-
-
-def _help_text(doc: str) -> str:
-    return doc.replace("``", "").replace("%", "%%")
-
-
-def add_shortcuts(parser: Any, cls: type, shortcuts: tuple[Shortcut, ...]) -> None:
-    """Add each shortcut to ``parser`` (a parser or an argument group): type, choices and help come
-    from the field (its annotation, its ``#:`` comment and its default); not given = the config's value."""
-    for sc in shortcuts:
-        infos = [field_info(cls, p) for p in sc.fields]
-        tp, _doc, default = infos[0]
-        doc = " ".join(_help_text(d) for _, d, _ in infos if d)
-        where = ", ".join(sc.fields)
-        if sc.const is not None:
-            if sc.help:
-                said = f"{_help_text(sc.help)} "
-            elif sc.const is True:  # the field's comment says what turning it on does
-                said = f"{doc} "
-            else:
-                raise ValueError(f"{sc.flag}: a flag that sets {where} = {_toml_value(sc.const)} needs its own help text")
-            parser.add_argument(sc.flag, dest=sc.dest, action="store_const", const=sc.const, default=None,
-                                help=f"{said}(sets {where} = {_toml_value(sc.const)}; default {_toml_value(default)})")
-            continue
-        kwargs: dict[str, Any] = {"dest": sc.dest, "default": None, "metavar": sc.metavar}
-        if get_origin(tp) in (typing.Union, types.UnionType):
-            tp = next(a for a in get_args(tp) if a is not type(None))
-        if get_origin(tp) is list:
-            kwargs.update(action="append", type=get_args(tp)[0])
-        elif get_origin(tp) is typing.Literal:
-            choices = list(get_args(tp))
-            kwargs.update(choices=choices, type=type(choices[0]))
-        else:
-            kwargs["type"] = tp
-        if sc.parse is not None:
-            kwargs["type"] = str
-        shown = _toml_value(str(default) if isinstance(default, Path) else default)
-        parser.add_argument(sc.flag, help=f"{doc} (sets {where}; default {_help_text(shown)})", **kwargs)
-
-
-def shortcut_values(args: argparse.Namespace, shortcuts: tuple[Shortcut, ...]) -> dict[str, Any]:
-    """``{field path: value}`` of the shortcut flags given on the command line."""
-    out: dict[str, Any] = {}
-    for sc in shortcuts:
-        value = getattr(args, sc.dest, None)
-        if value is None:
-            continue
-        if sc.parse is not None:
-            try:
-                value = sc.parse(value)
-            except ValueError as e:
-                raise ConfigError(f"{sc.flag}: {e}") from None
-        for path in sc.fields:
-            out[path] = value
-        out.update(dict(sc.also))
-    return out
-
-
-def shortcut_overrides(args: argparse.Namespace, shortcuts: tuple[Shortcut, ...]) -> list[str]:
-    """The given shortcut flags as ``path=value`` overrides (values written as TOML)."""
-    return [f"{path}={_toml_value(str(v) if isinstance(v, Path) else v)}"
-            for path, v in shortcut_values(args, shortcuts).items()]

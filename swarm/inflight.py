@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import trio
 
+from swarm.changes import Changes
+
 #: Most bytes of incoming frame bodies held at once in a process.
 GLOBAL_BYTES = 256 * 1024 * 1024
 #: Most bytes of incoming frame bodies held at once for one peer.
@@ -32,7 +34,7 @@ class InFlight:
         self.global_bytes, self.peer_bytes = global_bytes, peer_bytes
         self.held = 0
         self.by_peer: dict[str, int] = {}
-        self._released = trio.Event()
+        self._released = Changes()
 
     async def acquire(self, peer: str, n: int) -> None:
         """Wait until ``n`` bytes fit for ``peer``, then hold them (cancellable: nothing is held then)."""
@@ -48,8 +50,7 @@ class InFlight:
             self.by_peer[peer] = left
         else:
             self.by_peer.pop(peer, None)
-        self._released.set()  # every waiter re-checks
-        self._released = trio.Event()
+        self._released.notify()  # every waiter re-checks
 
 
 _RUN_INFLIGHT: trio.lowlevel.RunVar = trio.lowlevel.RunVar("swarm_inflight_bodies")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from swarm.config import Section, setting
 from swarm.proto import ADAPTER, CHUNKS, DISSEM_MANIFEST, MODEL_MANIFEST, RUN_INFO
 
 MiB = 1024 * 1024
@@ -39,8 +40,8 @@ MiB = 1024 * 1024
 OPEN_READS = frozenset({RUN_INFO, MODEL_MANIFEST, ADAPTER, DISSEM_MANIFEST, CHUNKS})
 
 
-@dataclass
-class LimitSettings:
+@dataclass(frozen=True)
+class LimitSettings(Section):
     """Per-connection, per-peer and per-address-block budgets of a host. The defaults leave
     room for honest use (a node's work polls, pushes and adapter pulls; a model fetched from
     peers at loopback speed; 16 nodes behind one address block, as in a benchmark on one
@@ -49,44 +50,40 @@ class LimitSettings:
     #: Enforce the budgets at all (False: every stream is admitted, nothing is counted).
     enabled: bool = True
     #: Most streams open at once on one connection.
-    streams_per_conn: int = 64
+    streams_per_conn: int = setting(64, gt=0)
     #: Most streams open at once from one peer id (all its connections).
-    streams_per_peer: int = 128
+    streams_per_peer: int = setting(128, gt=0)
     #: Most streams open at once from one address block (all its peers).
-    streams_per_block: int = 1024
+    streams_per_block: int = setting(1024, gt=0)
     #: Requests a peer may make per minute (streams, plus request frames of chunk streams).
-    requests_per_min_peer: float = 1200.0
+    requests_per_min_peer: float = setting(1200.0, gt=0)
     #: Requests per minute of one address block.
-    requests_per_min_block: float = 12000.0
+    requests_per_min_block: float = setting(12000.0, gt=0)
     #: Requests per minute a peer may make on :data:`OPEN_READS` protocols.
-    open_reads_per_min_peer: float = 600.0
+    open_reads_per_min_peer: float = setting(600.0, gt=0)
     #: Requests per minute an address block may make on :data:`OPEN_READS` protocols.
-    open_reads_per_min_block: float = 6000.0
+    open_reads_per_min_block: float = setting(6000.0, gt=0)
     #: Bytes per second a peer may send on its streams (the burst is ``bytes_burst_peer``).
-    bytes_per_s_peer: float = 64.0 * MiB
+    bytes_per_s_peer: float = setting(64.0 * MiB, gt=0)
     #: Bytes a peer may send at once after being quiet (the bucket's size).
-    bytes_burst_peer: float = 512.0 * MiB
+    bytes_burst_peer: float = setting(512.0 * MiB, gt=0)
     #: Bytes per second of one address block.
-    bytes_per_s_block: float = 256.0 * MiB
+    bytes_per_s_block: float = setting(256.0 * MiB, gt=0)
     #: Burst of one address block, bytes.
-    bytes_burst_block: float = 2048.0 * MiB
+    bytes_burst_block: float = setting(2048.0 * MiB, gt=0)
     #: Estimated memory of decoded objects per second a peer may cause (bytes; see the module).
-    decoded_per_s_peer: float = 128.0 * MiB
+    decoded_per_s_peer: float = setting(128.0 * MiB, gt=0)
     #: Burst of decoded memory of a peer, bytes.
-    decoded_burst_peer: float = 512.0 * MiB
+    decoded_burst_peer: float = setting(512.0 * MiB, gt=0)
     #: Decoded memory per second of one address block, bytes.
-    decoded_per_s_block: float = 512.0 * MiB
+    decoded_per_s_block: float = setting(512.0 * MiB, gt=0)
     #: Burst of decoded memory of one address block, bytes.
-    decoded_burst_block: float = 2048.0 * MiB
+    decoded_burst_block: float = setting(2048.0 * MiB, gt=0)
     #: Buckets full and unused for this long (s) are forgotten (bounds the state strangers add).
-    idle_forget_s: float = 300.0
+    idle_forget_s: float = setting(300.0, gt=0)
     #: At most one log line per key and kind of refusal in this many seconds.
-    log_interval_s: float = 10.0
+    log_interval_s: float = setting(10.0, gt=0)
 
-    def __post_init__(self) -> None:
-        for name, value in vars(self).items():
-            if name != "enabled" and not value > 0:
-                raise ValueError(f"LimitSettings.{name} must be positive, got {value!r}")
 
 
 @dataclass(frozen=True)

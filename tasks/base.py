@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Literal, Sequence
 
 Split = Literal["train", "eval"]
 SPLITS: tuple[str, ...] = ("train", "eval")
@@ -80,21 +80,6 @@ def stable_hash(*parts: Any) -> int:
     """A 64-bit hash of ``parts`` that is stable across processes and Python versions."""
     h = hashlib.sha256("\x1f".join(repr(p) for p in parts).encode("utf-8")).digest()
     return int.from_bytes(h[:8], "big")
-
-
-class Task(Protocol):
-    """The interface the learner and the nodes rely on."""
-
-    name: str
-
-    def problem(self, split: Split, index: int) -> Problem:
-        """Problem ``index`` of ``split``; deterministic; train and eval never share a question."""
-
-    def messages(self, problem: Problem) -> list[dict[str, str]]:
-        """Chat messages (system + user) that pose ``problem``."""
-
-    def reward(self, problem: Problem, completion_text: str) -> float:
-        """A reward in [0, 1] for ``completion_text`` (the decoded completion only)."""
 
 
 #: Task setting for chat templates with a thinking mode (Qwen3's ``enable_thinking``): off, so an

@@ -2,7 +2,9 @@
 
 Single-turn (arith, math, knights, and Sokoban as a one-shot plan): the learner renders the prompt
 with ``task.render_prompt(tokenizer, problem)``, a node samples one completion, and the learner
-recomputes ``task.reward(problem, completion_text)``. That is :class:`SingleTurnTask`.
+recomputes ``task.reward(problem, completion_text)``. That is :class:`SingleTurnTask`, the protocol
+every task meets (the learner and the nodes are typed against it); :class:`Tokenizer` is what
+they use of a Hugging Face tokenizer.
 
 Multi-turn (Sokoban): an :class:`EnvTask` also builds an :class:`Environment`. One episode:
 
@@ -43,9 +45,21 @@ _SENTINEL = "\x00ECHO_SWARM_SPLIT\x00"
 """Placeholder assistant content used to cut the chat template's text around a turn."""
 
 
+class Tokenizer(Protocol):
+    """What the tasks and the learner use of a Hugging Face tokenizer."""
+
+    def __call__(self, text: str, add_special_tokens: bool = ...) -> Any: ...
+
+    def apply_chat_template(self, conversation: Any, tokenize: bool = ..., add_generation_prompt: bool = ...,
+                            **kwargs: Any) -> Any: ...
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = ...) -> str: ...
+
+
 @runtime_checkable
 class SingleTurnTask(Protocol):
-    """One prompt, one completion, one reward (the learner's current path)."""
+    """The task protocol: one prompt, one completion, one reward. Every task meets it; a task
+    may also score a group at once (:class:`GroupScoredTask`) or run episodes (:class:`EnvTask`)."""
 
     name: str
 

@@ -31,7 +31,7 @@ and nothing from the run it predicts:
   of a group whose version is no longer the learner's weights is skipped at no cost.
 
 Outputs per step: step time, learner idle (waiting) time, train time, samples, dropped groups;
-summarised over the steps after ``skip`` exactly as :func:`measure_rows` summarises a run's
+summarised over the steps after ``skip`` by :func:`summarise`, which summarises a run's measured
 ``metrics.jsonl`` (utilisation = train seconds / step seconds, samples/s, dropped fraction).
 """
 

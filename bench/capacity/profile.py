@@ -85,12 +85,12 @@ def task_prompts(args: argparse.Namespace, n: int) -> list[list[int]] | None:
     if not args.task:
         return None
     from learner.config import LearnerConfig
+    from swarm.config import with_values
     from learner.episodes import initial_prompt, run_task
     from learner.models import load_tokenizer
     from learner.models import resolve_model
 
-    cfg = LearnerConfig()
-    cfg.task.name = args.task
+    cfg = with_values(LearnerConfig(), {"task.name": args.task})
     task = run_task(cfg.task)
     tokenizer = load_tokenizer(resolve_model(args.model).hf_dir)
     return [initial_prompt(task, tokenizer, task.problem("train", i), False) for i in range(n)]
@@ -134,14 +134,13 @@ def profile_learner(args: argparse.Namespace, lengths: list[int], prompts: list[
     import numpy as np
 
     from learner.config import LearnerConfig
+    from swarm.config import with_values
     from learner.trainer_build import build_trainer
     from learner.models import resolve_model
     from learner.trainer import TrainSample
 
-    cfg = LearnerConfig()
-    cfg.model.name = args.model
-    cfg.train.prompts_per_step, cfg.train.group_size = args.prompts_per_step, args.group_size
-    cfg.train.torch_threads = args.threads
+    cfg = with_values(LearnerConfig(), {"model.name": args.model, "train.prompts_per_step": args.prompts_per_step,
+                                        "train.group_size": args.group_size, "train.torch_threads": args.threads})
     pin_threads({args.learner_cpu} if args.learner_cpu is not None else None)
     trainer = build_trainer(resolve_model(args.model), cfg)
     rng = np.random.default_rng(0)
@@ -180,9 +179,9 @@ def profile_verify(trainer, group: list) -> float:
 
     v = Verifier(trainer, VerifyConfig(), temperature=1.0, top_p=1.0, weights_version=0)
     prompt, completions = list(group[0].prompt_ids), [list(s.completion_ids) for s in group]
-    v.score(prompt, completions, 0)
+    v.rescore(prompt, completions, 0)
     t0 = time.perf_counter()
-    v.score(prompt, completions, 0)
+    v.rescore(prompt, completions, 0)
     return time.perf_counter() - t0
 
 

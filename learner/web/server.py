@@ -13,28 +13,9 @@ from typing import Callable
 
 import trio
 
+from swarm.addrs import parse_host_port as parse_listen
+
 log = logging.getLogger("echo_swarm.dashboard")
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) -> (host, port); ValueError with the reason."""
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"dashboard address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"dashboard address {text!r}: port {port_text!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"dashboard address {text!r}: port {port} is out of range")
-    if host != "localhost":
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            raise ValueError(f"dashboard address {text!r}: {host!r} is not an IP address or localhost") from None
-    return host, port
 
 
 def is_loopback(host: str) -> bool:

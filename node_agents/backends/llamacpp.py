@@ -38,6 +38,7 @@ import numpy as np
 
 from common.lora import LoraAdapter
 from node_agents.backends.base import Capabilities, SampledCompletion, SamplingParams, generate_in_chunks
+from node_agents.backends.llama_handles import LlamaHandles
 from node_agents.backends.sampling import completion_rngs, sample_rows
 
 _GGML_TYPE_F32 = 0
@@ -46,7 +47,7 @@ _INITIALISED = False
 _LOG_CALLBACK = None  # keep the ctypes callback alive for the process lifetime
 
 
-def _init_llama_cpp():
+def init_llama_cpp():
     """Import llama_cpp, initialise the backend once and route its log to errors only."""
     global _INITIALISED, _LOG_CALLBACK
     import llama_cpp
@@ -67,7 +68,7 @@ def _init_llama_cpp():
 def llama_build() -> str:
     """This process's llama.cpp: the llama-cpp-python release and ggml's CPU feature line (two
     builds agree on a token only when both match)."""
-    lc = _init_llama_cpp()
+    lc = init_llama_cpp()
     info = lc.llama_print_system_info().decode("utf-8", "replace").strip()
     return f"llama-cpp-python {getattr(lc, '__version__', '?')} | {info}"[:512]
 
@@ -105,7 +106,7 @@ class LlamaCppBackend:
         kv_unified: bool = False,
         flash_attn: bool | None = None,
     ):
-        lc = _init_llama_cpp()
+        lc = init_llama_cpp()
         self._lc = lc
         self.gguf_path = Path(gguf_path)
         if not self.gguf_path.is_file():
@@ -114,52 +115,31 @@ class LlamaCppBackend:
         self.n_threads = int(n_threads or os.cpu_count() or 1)
         self.n_batch = int(n_batch)
         self.max_group = int(max_group)
-        self._model = None
-        self._ctx = None
-        self._batch = None
         self._adapter = None
         self._adapter_version = -1
         # callers run set_adapter / generate_group in worker threads (trio.to_thread);
         # one llama_context must never be used by two of them at once
         self._lock = threading.RLock()
 
-        mparams = lc.llama_model_default_params()
-        self._model = lc.llama_model_load_from_file(str(self.gguf_path).encode(), mparams)
-        if not self._model:
-            raise RuntimeError(f"llama.cpp could not load {self.gguf_path}")
-        self._vocab = lc.llama_model_get_vocab(self._model)
+        #: The model, its context, KV memory and batch (``llama_handles.py``, shared with the bench).
+        self._h = LlamaHandles(lc, self.gguf_path)
+        self._model, self._vocab = self._h.model, self._h.vocab
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
         self.n_head = int(lc.llama_model_n_head(self._model))
         self.n_head_kv = int(lc.llama_model_n_head_kv(self._model))
         #: ``general.architecture`` (llama, qwen2, qwen3): picks the LoRA layout (``lora_gguf``)
         self.arch = self._meta_str(b"general.architecture") or "llama"
 
-        cparams = lc.llama_context_default_params()
-        cparams.n_seq_max = self.max_group
-        # non-unified: llama.cpp splits n_ctx evenly between the n_seq_max streams;
-        # unified: one buffer that must hold the prompt plus every sequence's completion
-        cparams.n_ctx = self.n_ctx * self.max_group
-        cparams.n_batch = cparams.n_ubatch = max(self.n_batch, self.max_group)
-        cparams.n_threads = cparams.n_threads_batch = self.n_threads
-        cparams.kv_unified = bool(kv_unified)
-        cparams.no_perf = True
         if kv_f32 is None and self._meta_str(b"general.file_type") == "0":  # all F32
             kv_f32, flash_attn = True, False if flash_attn is None else flash_attn
         self.kv_f32 = bool(kv_f32)
         #: ``auto`` (llama.cpp's choice), ``on`` or ``off``: part of the numerics (``numerics``)
         self.flash_attn = "auto" if flash_attn is None else ("on" if flash_attn else "off")
         self.kv_unified = bool(kv_unified)
-        if flash_attn is not None:
-            cparams.flash_attn_type = 1 if flash_attn else 0
-        if kv_f32:
-            cparams.type_k = cparams.type_v = _GGML_TYPE_F32
-        self._ctx = lc.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            self.close()
-            raise RuntimeError("llama.cpp could not create a context (out of memory?)")
-        self._mem = lc.llama_get_memory(self._ctx)
-        self._cap = max(self.n_batch, self.max_group)
-        self._batch = lc.llama_batch_init(self._cap, 0, 1)
+        self._h.open_context(n_ctx=self.n_ctx, n_seq=self.max_group, n_batch=self.n_batch, n_threads=self.n_threads,
+                             kv_unified=self.kv_unified, flash_attn=flash_attn,
+                             kv_type=_GGML_TYPE_F32 if kv_f32 else None)
+        self._ctx, self._mem, self._batch, self._cap = self._h.ctx, self._h.mem, self._h.batch, self._h.cap
         b = self._batch
         self._b_token = np.ctypeslib.as_array(b.token, shape=(self._cap,))
         self._b_pos = np.ctypeslib.as_array(b.pos, shape=(self._cap,))
@@ -171,9 +151,7 @@ class LlamaCppBackend:
 
     def _meta_str(self, key: bytes) -> str | None:
         """A string metadata value of the loaded model, ``None`` when absent."""
-        buf = ctypes.create_string_buffer(256)
-        n = self._lc.llama_model_meta_val_str(self._model, key, buf, ctypes.sizeof(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+        return self._h.meta_str(key)
 
     # ----------------------------------------------------------------- Backend API
 
@@ -247,19 +225,16 @@ class LlamaCppBackend:
             self._close()
 
     def _close(self) -> None:
-        lc = self._lc
-        if self._batch is not None:
-            lc.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            lc.llama_free(self._ctx)
-            self._ctx = None
-        if self._adapter:
-            lc.llama_adapter_lora_free(self._adapter)
+        h = getattr(self, "_h", None)  # None: __init__ failed before the model loaded
+        if h is None:
+            return
+        h.close_context()
+        self._batch = self._ctx = self._mem = None
+        if self._adapter:  # freed between the context and the model it belongs to
+            self._lc.llama_adapter_lora_free(self._adapter)
             self._adapter = None
-        if self._model:
-            lc.llama_model_free(self._model)
-            self._model = None
+        h.close()
+        self._model = None
 
     def __enter__(self) -> "LlamaCppBackend":
         return self
@@ -331,10 +306,7 @@ class LlamaCppBackend:
             self._slot_seq[i] = seq
 
     def _decode(self, n_tokens: int) -> None:
-        self._batch.n_tokens = n_tokens
-        rc = self._lc.llama_decode(self._ctx, self._batch)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode failed with code {rc}")
+        self._h.decode(n_tokens)
 
     def _logit_rows(self, k: int) -> np.ndarray:
         """Zero-copy ``[k, vocab]`` view of the last decode's outputs, in batch order.

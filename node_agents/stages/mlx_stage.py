@@ -19,28 +19,23 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from common.lora import LoraAdapter
 from node_agents.backends.mlx_backend import MlxBackend
-from node_agents.backends.sampling import completion_rngs, sample_rows
+from node_agents.stages.sessions import Session, SessionTable, last_stage_result
 from swarm.pipeline.layers import layer_index
 from swarm.pipeline.proto import StageForward, StageOpen, StageResult, TensorBlob
 from swarm.pipeline.server import StageRefused
 
 
-@dataclass
-class _Session:
+@dataclass(kw_only=True)
+class _Session(Session):
     caches: list
-    wire_dtype: str
     rows: int = 1
-    rngs: list = field(default_factory=list)
-    active: list[int] = field(default_factory=list)
-    temperature: float = 1.0
-    top_p: float = 1.0
 
 
 class MlxStage:
@@ -88,8 +83,9 @@ class MlxStage:
         self.max_batch = int(max_batch)
         self._originals: dict[str, object] = {}
         self._version = -1
-        self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
+        #: Open sessions (``node_agents/stages/sessions.py``: batch limit, refusals; no KV budget).
+        self.sessions: SessionTable[_Session] = SessionTable(self._lock, self.max_batch)
 
     # ------------------------------------------------------------------ adapters
 
@@ -120,29 +116,16 @@ class MlxStage:
     def open_session(self, session_id: str, req: StageOpen) -> None:
         from mlx_lm.models.cache import KVCache
 
-        if req.batch > self.max_batch:
-            raise StageRefused(f"batch {req.batch} exceeds this stage's max_batch {self.max_batch}")
-        with self._lock:
-            s = _Session(caches=[KVCache() for _ in range(self.start, self.end)], wire_dtype=req.wire_dtype,
-                         temperature=req.temperature, top_p=req.top_p)
-            if self.last:
-                s.rngs = completion_rngs(req.seed, 0, req.batch)
-                s.active = [0]
-            self._sessions[session_id] = s
+        self.sessions.open(session_id, req, self.last, lambda: _Session(
+            caches=[KVCache() for _ in range(self.start, self.end)], wire_dtype=req.wire_dtype,
+            temperature=req.temperature, top_p=req.top_p))
 
     def close_session(self, session_id: str) -> None:
-        with self._lock:
-            self._sessions.pop(session_id, None)
+        self.sessions.close(session_id)
 
     def forward(self, session_id: str, req: StageForward) -> StageResult:
         with self._lock:
-            s = self._sessions.get(session_id)
-            if s is None:
-                raise StageRefused("no such session")
-            if req.adapter_version != self._version:
-                raise StageRefused(f"stale adapter version: asked for {req.adapter_version}, "
-                                   f"this stage holds {self._version}")
-            return self._forward(s, req)
+            return self._forward(self.sessions.get(session_id, req.adapter_version, self._version), req)
 
     def _forward(self, s: _Session, req: StageForward) -> StageResult:
         mx = self._mx
@@ -189,12 +172,7 @@ class MlxStage:
         out = inner.norm(h[:, -1:, :])
         logits = inner.embed_tokens.as_linear(out) if self._tied else self._model.lm_head(out)
         rows_np = np.array(logits[:, -1, :].astype(mx.float32))
-        if req.step == 0:
-            n = max(1, req.expand)
-            s.active = list(range(n))
-            rows_np = np.broadcast_to(rows_np[0], (n, self.n_vocab))
-        toks, lps = sample_rows(rows_np, [s.rngs[j] for j in s.active], s.temperature, s.top_p)
-        return StageResult(step=req.step, tokens=[int(t) for t in toks], logprobs=[float(x) for x in lps])
+        return last_stage_result(s, req, rows_np)
 
 
 def _in_range(layer: int | None, start: int, end: int) -> bool:

@@ -24,31 +24,26 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from common.lora import LoraAdapter
-from node_agents.backends.sampling import completion_rngs, sample_rows
 from node_agents.backends.torch_backend import pick_device_dtype
+from node_agents.stages.sessions import Session, SessionTable, last_stage_result
 from node_agents.stages.tensors import from_blob, to_blob
 from swarm.pipeline.layers import slice_for_range
 from swarm.pipeline.proto import StageForward, StageOpen, StageResult
 from swarm.pipeline.server import StageRefused
 
 
-@dataclass
-class _Session:
+@dataclass(kw_only=True)
+class _Session(Session):
     cache: object
     batch: int
-    wire_dtype: str
     max_len: int = 0  # tokens per row the session reserved KV for
     mask: object = None  # [rows, seen] long
-    rngs: list = field(default_factory=list)  # last stage: one generator per completion
-    active: list[int] = field(default_factory=list)  # last stage: completion of each row
-    temperature: float = 1.0
-    top_p: float = 1.0
 
 
 def _weight_files(model_dir: Path) -> list[Path]:
@@ -108,14 +103,14 @@ class TorchStage:
         self._lora_name = ""
         self._lora_on = False
         self._version = -1
-        self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
         heads = int(getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads)
         head_dim = int(getattr(self.config, "head_dim", None) or self.hidden_size // self.config.num_attention_heads)
         #: KV bytes per token for this stage's layers (keys and values, compute dtype).
         self.kv_bytes_per_token = 2 * heads * head_dim * torch.tensor([], dtype=tdtype).element_size() * (end - start)
-        self.kv_budget_bytes = int(kv_budget_bytes)
-        self._reserved: dict[str, int] = {}
+        #: Open sessions (``node_agents/stages/sessions.py``: batch limit, KV budget, refusals).
+        self.sessions: SessionTable[_Session] = SessionTable(self._lock, self.max_batch, self.kv_bytes_per_token,
+                                                             int(kv_budget_bytes))
 
     # ------------------------------------------------------------------ loading
 
@@ -225,37 +220,17 @@ class TorchStage:
     def open_session(self, session_id: str, req: StageOpen) -> None:
         from transformers import DynamicCache
 
-        if req.batch > self.max_batch:
-            raise StageRefused(f"batch {req.batch} exceeds this stage's max_batch {self.max_batch}")
-        with self._lock:
-            need = req.batch * req.max_len * self.kv_bytes_per_token
-            used = sum(self._reserved.values())
-            if self.kv_budget_bytes and used + need > self.kv_budget_bytes:
-                raise StageRefused(f"KV budget: the session needs {need} bytes, {self.kv_budget_bytes - used} "
-                                   f"of {self.kv_budget_bytes} are free")
-            self._reserved[session_id] = need
-            s = _Session(cache=DynamicCache(config=self.config), batch=req.batch, wire_dtype=req.wire_dtype,
-                         max_len=req.max_len,
-                         temperature=req.temperature, top_p=req.top_p)
-            if self.last:
-                s.rngs = completion_rngs(req.seed, 0, req.batch)
-                s.active = [0]
-            self._sessions[session_id] = s
+        self.sessions.open(session_id, req, self.last, lambda: _Session(
+            cache=DynamicCache(config=self.config), batch=req.batch, wire_dtype=req.wire_dtype, max_len=req.max_len,
+            temperature=req.temperature, top_p=req.top_p))
 
     def close_session(self, session_id: str) -> None:
-        with self._lock:
-            self._sessions.pop(session_id, None)
-            self._reserved.pop(session_id, None)
+        self.sessions.close(session_id)
 
     def forward(self, session_id: str, req: StageForward) -> StageResult:
         torch = self._torch
-        with self._lock:
-            s = self._sessions.get(session_id)
-            if s is None:
-                raise StageRefused("no such session")
-            if req.adapter_version != self._version:  # the adapter may have changed since open
-                raise StageRefused(f"stale adapter version: asked for {req.adapter_version}, "
-                                   f"this stage holds {self._version}")
+        with self._lock:  # the adapter may have changed since the open: get() refuses then
+            s = self.sessions.get(session_id, req.adapter_version, self._version)
             with torch.inference_mode(), self._adapter_context():
                 return self._forward(s, req)
 
@@ -316,10 +291,5 @@ class TorchStage:
             return StageResult(step=req.step, hidden=to_blob(h, s.wire_dtype, torch))
         logits = self._head(self._norm(h[:, -1:, :]))  # [rows, 1, vocab]
         rows_np = logits[:, -1, :].float().cpu().numpy()
-        if req.step == 0:
-            n = max(1, req.expand)
-            s.active = list(range(n))
-            rows_np = np.broadcast_to(rows_np[0], (n, self.n_vocab))
-        toks, lps = sample_rows(rows_np, [s.rngs[j] for j in s.active], s.temperature, s.top_p)
-        return StageResult(step=req.step, tokens=[int(t) for t in toks], logprobs=[float(x) for x in lps])
+        return last_stage_result(s, req, rows_np)
 

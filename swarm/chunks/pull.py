@@ -34,6 +34,8 @@ from typing import Awaitable, Callable
 
 import trio
 
+from swarm.changes import Changes
+
 from swarm.chunks.choice import PullSettings, for_anchor, next_batch, pick_chunks
 from swarm.chunks.manifest import held_bytes
 from swarm.chunks.store import ChunkStore, from_bitmap
@@ -104,7 +106,7 @@ class Puller:
         self._probed: set[str] = set()
         #: Holders named by the last refresh.
         self._known: set[str] = set()
-        self._changed = trio.Event()
+        self._changed = Changes()
         self._last_chunk_at = trio.current_time()
         self._t0 = time.monotonic()
         self._bytes0 = self.held_bytes()
@@ -150,8 +152,7 @@ class Puller:
         await self._report()
 
     def _poke(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        self._changed.notify()
 
     async def _watch_store(self) -> None:
         while True:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import trio
 
+from swarm.changes import Changes
+
 from swarm.addrs import display_order, with_peer_id
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,7 @@ class Discovery:
         self.dht = dht
         self.config = config
         self._providing: set[str] = set()
-        self._grown = trio.Event()
+        self._grown = Changes()
 
     @property
     def routing_table_size(self) -> int:
@@ -88,7 +90,7 @@ class Discovery:
             log.info("dht: could not add %s to the routing table: %s: %s", peer_id[-6:], type(e).__name__, e)
             return False
         if added:
-            self._grown.set()
+            self._grown.notify()
         return bool(added)
 
     async def provide(self, key: str) -> bool:
@@ -105,10 +107,11 @@ class Discovery:
     async def keep_providing(self) -> None:
         """Re-announce every provided key when the routing table grows and every
         ``reprovide_s`` seconds (run it in a nursery)."""
+        seen = 0  # a table grown before this started counts, as for a waiter since construction
         while True:
             with trio.move_on_after(self.config.reprovide_s):
-                await self._grown.wait()
-            self._grown = trio.Event()
+                await self._grown.wait_since(seen)  # grown since the last round, or now
+            seen = self._grown.count
             for key in list(self._providing):
                 await self.provide(key)
 

@@ -20,6 +20,8 @@ import time
 
 import trio
 
+from swarm.changes import Changes
+
 from swarm.chunks.manifest import ManifestError
 from swarm.chunks.store import MemoryChunks
 from swarm.dissem.manifest import (
@@ -38,7 +40,7 @@ class Assembly(MemoryChunks):
         #: What chunk requests name this version's manifest by.
         self.content_id = adapter_content_id(manifest)
         self.complete = trio.Event()
-        self._changed = trio.Event()
+        self._changed = Changes()
         #: Chunks that came down push streams / through repair fetches / were rejected.
         self.pushed = 0
         self.repaired = 0
@@ -98,11 +100,10 @@ class Assembly(MemoryChunks):
     def _finish(self) -> None:
         self.completed_at = time.time()
         self.complete.set()
-        self._changed.set()
+        self._changed.notify()
 
     def _poke(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        self._changed.notify()
 
     def fail_stripe(self, stripe: int, stripes: int, parent: str = "") -> None:
         """The push stream of this stripe ended early: its missing chunks need repair."""
@@ -143,7 +144,7 @@ class VersionStore:
         self.layer_range = layer_range
         self.versions: dict[tuple[int, LayerRange], Assembly] = {}
         self._by_id: dict[bytes, Assembly] = {}
-        self._new_version = trio.Event()
+        self._new_version = Changes()
 
     def accept(self, manifest: Manifest) -> Assembly:
         """The assembly of a verified ``manifest``: raises :class:`ManifestError` for a
@@ -167,8 +168,7 @@ class VersionStore:
         for key in [k for k in self.versions if k[0] not in kept]:
             del self.versions[key]
         self._by_id = {a.content_id: a for a in self.versions.values()}
-        self._new_version.set()
-        self._new_version = trio.Event()
+        self._new_version.notify()
         return assembly
 
     def get(self, version: int, layer_range: LayerRange = None) -> Assembly | None:

@@ -54,6 +54,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from swarm.config import Section, setting
 from swarm.pipeline.cover import cover_dp, cover_exact
 
 #: ``can_link(a, b)``: whether peers ``a`` and ``b`` can hold a direct connection.
@@ -113,21 +114,21 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
-class PlanConfig:
+class PlanConfig(Section):
     """Knobs of capacity, formation and re-planning."""
 
     #: Fraction of ``memory_bytes`` usable for weights + KV (the rest: activations, runtime).
-    usable_fraction: float = 0.9
+    usable_fraction: float = setting(0.9, gt=0, le=1)
     #: Bytes kept free on every node besides ``usable_fraction`` (framework overhead).
-    reserve_bytes: int = 0
+    reserve_bytes: int = setting(0, ge=0)
     #: Per-token cost (s) of one hop between stages (serialisation + transfer), in throughput.
-    hop_s: float = 0.0
+    hop_s: float = setting(0.0, ge=0)
     #: Largest number of memoised search states for the exact ``s*(k)``; above, the DP is used.
-    exact_state_limit: int = 200_000
+    exact_state_limit: int = setting(200_000, ge=1)
     #: Re-plan only when a fresh plan predicts at least this much more throughput (fraction).
-    min_gain: float = 0.2
+    min_gain: float = setting(0.2, ge=0)
     #: Seconds that must pass between two full re-plans.
-    cooldown_s: float = 60.0
+    cooldown_s: float = setting(60.0, ge=0)
 
 
 @dataclass(frozen=True)

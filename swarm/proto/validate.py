@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from swarm.proto import protocol_id
 from swarm.proto.rollouts import Completion
+from swarm.proto.sampling import Sampling
 from swarm.wire import Message, bounded, bounded_default
 
 #: Where a validator node sends its result (node -> learner request, :class:`ValidateAck` back).
@@ -23,7 +24,11 @@ MAX_GROUP = 1024
 
 
 @dataclass
-class ValidateJob(Message):
+class ValidateJob(Sampling):
+    """The producer's sampling settings (:class:`~swarm.proto.sampling.Sampling`'s fields, on the
+    wire beside the job's own; ``seed`` is the group's sampling seed itself,
+    ``swarm.proto.work.group_seed`` of the lease, used as is) and what to replay with them."""
+
     KIND = "validate_job"
     #: A fresh random id (not the group id), echoed in the result.
     request_id: str = bounded(max_items=64)
@@ -33,11 +38,6 @@ class ValidateJob(Message):
     version: int = bounded(min=0)
     #: Completions to generate (the group's size).
     group_size: int = bounded(min=1, max=MAX_GROUP)
-    temperature: float = bounded(min=0.0, max=10.0)
-    top_p: float = bounded(min=0.0, max=1.0)
-    max_tokens: int = bounded(min=1, max=32768)
-    #: The group's sampling seed itself (``swarm.proto.work.group_seed`` of the lease), used as is.
-    seed: int = bounded(min=0, max=2**63 - 1)
 
 
 @dataclass

@@ -1,10 +1,13 @@
-"""Work leases: a node asks for work; the learner answers with a lease or tells it to wait."""
+"""Work leases: a node asks for work; the learner answers with a lease or tells it to wait. A lease's
+:class:`~swarm.proto.sampling.Sampling` settings are in :mod:`swarm.proto.sampling` (a validation job
+carries them too)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from swarm.proto.sampling import Sampling
 from swarm.proto.stage import StageAssignment
 from swarm.proto.validate import ValidateJob
 from swarm.wire import Message, bounded, bounded_default
@@ -23,16 +26,6 @@ class WorkRequest(Message):
     layer_end: int = bounded_default(-1, min=-1)
     #: ... and the pipeline those layers were assigned for (``""``: none).
     pipeline_id: str = bounded_default("", max_items=256)
-
-
-@dataclass
-class Sampling(Message):
-    KIND = "sampling"
-    temperature: float = bounded(min=0.0, max=10.0)
-    top_p: float = bounded(min=0.0, max=1.0)
-    max_tokens: int = bounded(min=1, max=32768)
-    #: Base seed; completion j of a group uses a seed derived from (seed, j).
-    seed: int = bounded(min=0, max=2**63 - 1)
 
 
 @dataclass

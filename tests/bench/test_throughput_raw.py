@@ -9,8 +9,6 @@ import pytest
 
 from bench.throughput import PROMPTS, _chat
 
-llama_cpp = pytest.importorskip("llama_cpp")
-
 
 @pytest.fixture(scope="module")
 def model():

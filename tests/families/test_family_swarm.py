@@ -31,7 +31,6 @@ MAX_DIFF = {"llamacpp": 0.02, "torch": 1e-4, "mlx": 1e-4}
 
 @pytest.mark.timeout(1500)
 def test_qwen3_hf_directory_on_every_backend(tmp_path: Path):
-    pytest.importorskip("mlx_lm")
     from bench.make_model import make_model
 
     model = make_model("qwen3", tmp_path / "qwen3-tiny", "tiny", seed=2)

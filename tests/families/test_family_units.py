@@ -152,7 +152,6 @@ def test_multi_turn_tokens_extend_the_rendered_conversation(family):
 
 
 def test_mlx_backend_refuses_a_llama_config_without_its_rope_scaling(tmp_path):
-    pytest.importorskip("mlx_lm")
     from node_agents.backends.mlx_backend import MlxBackend
 
     cfg = {"model_type": "llama", "rope_theta": 5e5,

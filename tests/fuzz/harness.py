@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -21,6 +22,7 @@ from learner.dissem import LearnerDissem
 from learner.contrib import ContribDesk
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from swarm.errors import SwarmError
+from swarm.framing import HEADER_SIZE, decode_body, parse_header
 from swarm.host import HostConfig, open_host
 from swarm.proto import ROLLOUTS, WORK
 from swarm.proto.hello import Hello, HelloAck
@@ -33,6 +35,44 @@ MAX_FRAME = 1 << 20
 #: Per-frame deadline of the fuzzed hosts (s): bounds how long a dripping peer holds a stream.
 FRAME_TIMEOUT_S = 2.0
 GROUP, TOKENS, VOCAB = 2, 4, 1000
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What a fuzzed stream got back: the bytes, and whether the host ended the stream (EOF,
+    reset, or a refused protocol) rather than leaving the fuzzer to give up."""
+
+    reply: bytes
+    ended_by_host: bool
+
+
+def reply_problem(reply: bytes, plain: type | None = None) -> str | None:
+    """What is wrong with a host's reply to bad input (None: nothing): it must be empty (the host
+    reset or closed the stream) or whole frames whose bodies are reply envelopes
+    (``{"ok": ..., "body"/"error": ...}``) or, on a protocol that answers without envelopes,
+    valid ``plain`` messages; never a partial frame or a body of another shape."""
+    if reply in (b"", b"<refused>"):
+        return None
+    rest = reply
+    while rest:
+        if len(rest) < HEADER_SIZE:
+            return f"a partial frame header ({len(rest)} bytes)"
+        length, flags = parse_header(rest[:HEADER_SIZE], max_size=MAX_FRAME)
+        body, rest = rest[HEADER_SIZE:HEADER_SIZE + length], rest[HEADER_SIZE + length:]
+        if len(body) < length:
+            return f"a partial frame ({len(body)} of {length} bytes)"
+        msg = decode_body(flags, body, max_size=MAX_FRAME)
+        if plain is not None and isinstance(msg, dict) and "ok" not in msg:
+            try:
+                plain.from_wire(msg)
+            except WireError as e:
+                return f"a frame that is no {plain.__name__}: {e}"
+            continue
+        if not (isinstance(msg, dict) and isinstance(msg.get("ok"), bool)):
+            return f"a frame that is no reply envelope: {str(msg)[:80]}"
+        if msg["ok"] is False and not isinstance(msg.get("error"), str):
+            return "an error envelope without a reason"
+    return None
 
 
 def rss_bytes() -> int:
@@ -138,15 +178,22 @@ class Harness:
     async def send_raw(self, target: str, protocol: str, data: bytes, drip_s: float = 0.0) -> bytes:
         """Open ``protocol`` from the fuzzer to ``target`` (``learner``/``node``), write ``data``
         (one byte every ``drip_s`` when set), read whatever comes back (bounded), close."""
+        return (await self.exchange(target, protocol, data, drip_s)).reply
+
+    async def exchange(self, target: str, protocol: str, data: bytes, drip_s: float = 0.0,
+                       wait_s: float = FRAME_TIMEOUT_S + 3) -> Exchange:
+        """:meth:`send_raw`, with whether the host ended the stream itself (EOF or reset) before
+        the fuzzer gave up (``wait_s``: by default the host's frame deadline plus 3 s)."""
         host = self.fuzzer
         peer = (self.learner if target == "learner" else self.node).peer_id
         got = b""
         try:
             stream = await host.open_stream(peer, protocol, timeout=5)
         except (SwarmError, trio.TooSlowError, OSError, Exception):  # negotiation refused or timed out
-            return b"<refused>"
+            return Exchange(b"<refused>", ended_by_host=True)
+        ended = False
         try:
-            with trio.move_on_after(FRAME_TIMEOUT_S + 3):
+            with trio.move_on_after(wait_s):
                 if drip_s:
                     for b in data:
                         await stream.write(bytes([b]))
@@ -158,15 +205,16 @@ class Harness:
                     if not chunk:
                         break
                     got += chunk
+                ended = True
         except Exception:  # reset by the host: what it should do with garbage
-            pass
+            ended = True
         finally:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + 2):
                 try:
                     await stream.reset()
                 except Exception:
                     pass
-        return got
+        return Exchange(got, ended)
 
     async def healthy(self) -> bool:
         """The learner host still answers a valid request from a fresh stream."""

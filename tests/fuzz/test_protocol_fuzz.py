@@ -1,8 +1,10 @@
 """Every protocol handler of the learner and of a node fed generated bad input through real libp2p
 streams (hypothesis): malformed frames, truncated frames, oversized length headers, unknown flags,
 well-formed msgpack of the wrong shape, valid messages with one field replaced by a wrong type or
-an out-of-range value, a wrong protocol version, and a 1-byte-per-second drip. Afterwards the host
-still answers, its memory stayed bounded, and an honest node kept training throughout.
+an out-of-range value, a wrong protocol version, and a 1-byte-per-second drip. Each input has its
+verdict (the host ends the stream itself, within its frame deadline, with nothing or whole reply
+envelopes: ``reply_problem``); afterwards the host still answers, its memory stayed bounded, and
+an honest node kept training throughout.
 
 The default run tries about 160 inputs; ``FUZZ_EXAMPLES`` raises it (``make test-slow`` runs
 the ``slow`` variant with thousands)."""
@@ -14,7 +16,7 @@ import struct
 
 import msgpack
 import pytest
-from harness import FRAME_TIMEOUT_S, MAX_FRAME, Harness, rss_bytes
+from harness import FRAME_TIMEOUT_S, MAX_FRAME, Harness, reply_problem, rss_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +24,8 @@ from swarm.framing import encode_frame
 from swarm.proto import (ADAPTER, CHUNKS, DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST, DISSEM_PUSH, HELLO, ROLLOUTS,
                          WORK)
 from swarm.proto.adapter import AdapterRequest
-from swarm.proto.chunks import ChunkRequest
+from swarm.dissem.broadcast import BroadcastSettings
+from swarm.proto.chunks import ChunkReply, ChunkRequest
 from swarm.proto.contrib import CONTRIB, ContribRequest
 from swarm.proto.dissem import DissemJoin, HaveVersion, ManifestRequest
 from swarm.proto.hello import Hello
@@ -46,6 +49,15 @@ HANDLERS = [
     ("node", CHUNKS, ChunkRequest(content_id=bytes(32), indices=[0])),
 ]
 COUNTS = {"inputs": 0}
+#: Streams a host keeps open between requests by design (a chunk stream carries any number of
+#: request/reply pairs and is closed after ``ServeSettings.stream_idle_s`` idle): an input that is
+#: not yet a whole frame may wait that long, so only the reply's shape is judged there.
+LONG_LIVED = {CHUNKS}
+#: A protocol's own deadline for its first frame where it is not the host's frame deadline: a
+#: node reads a push stream's header within the broadcast's stall timeout.
+DEADLINE_S = {DISSEM_PUSH: BroadcastSettings().stall_timeout_s}
+#: Protocols that answer with a plain message, not a reply envelope.
+PLAIN_REPLY = {CHUNKS: ChunkReply}
 
 leaf = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**63, max_value=2**64 - 1),
                  st.floats(allow_nan=True), st.text(max_size=40), st.binary(max_size=64))
@@ -101,9 +113,17 @@ def harness(tmp_path_factory):
 
 
 def _fuzz(harness, case):
+    """One bad input, and its verdict: the host ended the stream itself (no stream held past its
+    frame deadline), answered nothing or whole reply envelopes, and its event loop still runs."""
     target, proto, kind, data = case
-    harness.call(harness.send_raw, target, proto, data)
+    wait_s = 1.0 if proto in LONG_LIVED else DEADLINE_S.get(proto, FRAME_TIMEOUT_S) + 3  # a reply comes at once
+    got = harness.call(harness.exchange, target, proto, data, 0.0, wait_s)
     COUNTS["inputs"] += 1
+    if proto not in LONG_LIVED:
+        assert got.ended_by_host, f"{target} {proto} ({kind}): the host held the stream past its deadline"
+    why = reply_problem(got.reply, PLAIN_REPLY.get(proto))
+    assert why is None, f"{target} {proto} ({kind}): {why}"
+    assert harness.error is None, f"the hosts' trio loop ended: {harness.error!r}"
 
 
 @settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")), deadline=None, database=None,

@@ -24,7 +24,6 @@ BACKENDS = ("llamacpp", "torch", "mlx")
 
 @pytest.mark.timeout(1500)
 def test_one_node_per_backend_all_used_in_training(tmp_path: Path):
-    pytest.importorskip("mlx_lm")
     cfg = load_config(LearnerConfig, None, [
         'network.listen="/ip4/127.0.0.1/tcp/0"',  # not the launch default 0.0.0.0:4001
         "train.steps=2", "train.prompts_per_step=3", "train.group_size=2", "train.max_tokens=8",

@@ -30,7 +30,6 @@ OVERRIDES = ["train.prompts_per_step=2", "train.group_size=2", "train.max_tokens
 
 
 def test_a_stage_behind_nat_serves_a_pipeline(netns_hosts, tmp_path):
-    pytest.importorskip("peft")
     tb = netns_hosts(3, routers=(RouterSpec("eim", 1),))
     nat_host = tb.behind(0)[0]
     sw = Swarm(tb, tmp_path)

@@ -14,7 +14,7 @@ from learner.config import LearnerConfig
 from learner.demo import node_command, stop_processes
 from learner.loop import run_learner
 from learner.metrics import read_metrics
-from swarm.config import load_config
+from swarm.config import load_config, with_values
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +46,7 @@ def test_two_nodes_two_steps_versions_advance_across_a_resume(tmp_path):
 
     def phase(steps: int, resume: bool, tag: str) -> None:
         async def main():
-            cfg = small_config()
-            cfg.train.steps = steps
+            cfg = with_values(small_config(), {"train.steps": steps})
             async with trio.open_nursery() as nursery:
                 addrs = await nursery.start(lambda task_status: run_learner(
                     cfg, tmp_path / "run", resume=resume, console=lambda s: None, task_status=task_status))
@@ -120,8 +119,7 @@ def test_async_mode_two_nodes_overlap_within_staleness_bound(tmp_path):
 
     async def main():
         async with trio.open_nursery() as nursery:
-            cfg = small_config(mode="async", max_staleness=1)
-            cfg.train.steps = 3
+            cfg = with_values(small_config(mode="async", max_staleness=1), {"train.steps": 3})
             addrs = await nursery.start(lambda task_status: run_learner(
                 cfg, tmp_path / "run", console=lambda s: None, on_service=lambda s: seen.setdefault("svc", s),
                 task_status=task_status))

@@ -104,7 +104,7 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
     assert (c.buffer.max_staleness, c.buffer.capacity) == (2, 50)
     assert svc.desk.long_poll_s == 2.5
     gate = svc.desk.gate.settings
-    assert (gate.min_waiting, gate.regate_each_version, gate.timeout_s) == (3, True, 12.0)
+    assert (gate.min_waiting_nodes, gate.regate_each_version, gate.gate_timeout_s) == (3, True, 12.0)
 
     checked.add("network")
     p = svc.admission.policy
@@ -128,7 +128,7 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
     checked.add("pipeline")
     ps = svc.pipelines.settings
     assert (ps.prompt_tokens, ps.in_flight, ps.stale_s) == (128, 3, 100.0)
-    assert (ps.plan.usable_fraction, ps.plan.hop_s, ps.plan.min_gain, ps.plan.cooldown_s) == (0.8, 0.01, 0.3, 7.0)
+    assert (ps.usable_fraction, ps.hop_s, ps.min_gain, ps.cooldown_s) == (0.8, 0.01, 0.3, 7.0)
     assert svc.pipelines.run.in_flight == 3 and svc.pipelines.run.max_tokens == 24 + 128
 
     checked.add("limits")

@@ -58,11 +58,10 @@ def test_env_context_and_device_resolution():
 
 
 def test_config_check_and_torchrun_command(tmp_path):
-    ok = TrainConfig(device="cuda:1", precision="bf16", dist_timeout_s=60.0)
-    ok.validate()
+    ok = TrainConfig(device="cuda:1", precision="bf16", dist_timeout_s=60.0)  # built = checked
     for bad in (dict(device="gpu"), dict(precision="fp8"), dict(dist_timeout_s=0)):
         with pytest.raises(ValueError):
-            replace(ok, **bad).validate()
+            replace(ok, **bad)
     cmd = torchrun_command(4, ["-v", "launch", "--config", "c.toml", "--gpus", "4", "--run-dir", "old"],
                            tmp_path, python="py")
     assert cmd[:5] == ["py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]

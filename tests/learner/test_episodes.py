@@ -10,7 +10,7 @@ import pytest
 from learner.config import LearnerConfig
 from learner.coordinator import COMPLETED, Coordinator, GroupSpec, Limits, validate_group
 from learner.episodes import ENV_TURN_TOKENS, episode_settings, initial_prompt, make_verifier, run_task
-from learner.scoring import score_episode_group
+from learner.scoring import episode_group_samples
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from node_agents.backends.base import SamplingParams
 from node_agents.episodes import run_group_episodes
@@ -143,7 +143,7 @@ def test_rewards_are_recomputed_by_replay_and_env_tokens_are_masked(setup, chatm
     lease = lease_of(coord)
     coord.submit("A", lease.lease_id, [result], now=1.0)
     (g,) = coord.take(["g0"])
-    samples, rewards = score_episode_group(g, task, chatml_tokenizer)
+    samples, rewards = episode_group_samples(g, task, chatml_tokenizer)
     for c, s, r in zip(result.completions, samples, rewards):
         texts = [chatml_tokenizer.decode(c.token_ids[a:b], skip_special_tokens=True)
                  for v, a, b in mask_runs(c.mask) if v == 1]
@@ -153,7 +153,7 @@ def test_rewards_are_recomputed_by_replay_and_env_tokens_are_masked(setup, chatm
     bad = Completion(list(result.completions[0].token_ids), list(result.completions[0].logprobs), "stop",
                      [0] + list(result.completions[0].mask[1:]))
     g.result = GroupResult("g0", 0, [bad, result.completions[1]])
-    _, rewards2 = score_episode_group(g, task, chatml_tokenizer)
+    _, rewards2 = episode_group_samples(g, task, chatml_tokenizer)
     assert rewards2[0] == 0.0
 
 
@@ -181,7 +181,7 @@ def test_task_max_turns_reaches_the_task_and_the_budget_can_be_set():
 @pytest.mark.parametrize("overrides, msg", [
     (['task.name="arith"', "task.multi_turn=true"], "needs a task with an environment"),
     (['task.name="sokoban"', "task.max_turns=3"], "only with task.multi_turn"),
-    (['task.name="sokoban"', "task.multi_turn=true", "task.max_turns=3", "task.options.max_turns=2"], "contradicts"),
+    (['task.name="sokoban"', "task.multi_turn=true", "task.max_turns=3", "task.options.max_turns=2"], "must agree with task.options.max_turns"),
     (['task.name="sokoban"', "task.multi_turn=true", "task.max_episode_tokens=-1"], ">= 0"),
 ])
 def test_config_errors(overrides, msg):

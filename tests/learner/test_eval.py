@@ -104,7 +104,6 @@ def test_evaluate_scores_on_the_eval_split():
 @pytest.mark.integration
 @pytest.mark.slow  # about 20 s idle, 50 s on a busy 2-core machine; run by `make test-slow`
 def test_eval_command_base_vs_adapter_with_llama_cpp(tmp_path):
-    pytest.importorskip("llama_cpp")
     from common.default_model import ModelNotFoundError, default_gguf_path
 
     try:

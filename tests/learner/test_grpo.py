@@ -142,3 +142,18 @@ def test_padding_ignored_and_bad_kind():
     assert l1.item() == pytest.approx(l2.item())
     with pytest.raises(ValueError):
         policy_loss(logp, behav, adv, mask, kind="reinforce")  # type: ignore[arg-type]
+
+
+def test_scale_rewards_reaches_the_advantages():
+    """``train.scale_rewards``: ``group`` divides by the group's std (GRPO), ``none`` only centres
+    (Dr. GRPO); the config's value is what the step passes (``learner/steps.py``)."""
+    from learner.config import LearnerConfig
+    from learner.scoring import finite_advantages
+    from swarm.config import load_config
+
+    rewards = [1.0, 0.0, 0.0, 0.0]
+    assert finite_advantages(rewards, scale_by_std=False) == pytest.approx([0.75, -0.25, -0.25, -0.25])
+    scaled = finite_advantages(rewards)
+    assert scaled[0] == pytest.approx(0.75 / 0.4330127, rel=1e-4)
+    assert LearnerConfig().train.scale_rewards == "group"
+    assert load_config(LearnerConfig, None, ['train.scale_rewards="none"']).train.scale_rewards == "none"

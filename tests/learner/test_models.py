@@ -99,7 +99,6 @@ def test_failed_conversion_leaves_no_cache(monkeypatch, tmp_path):
 
 @pytest.mark.slow
 def test_default_model_converts_for_real(tmp_path):
-    pytest.importorskip("transformers")
     try:
         models.default_gguf_path()
     except ModelNotFoundError:

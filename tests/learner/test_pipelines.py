@@ -10,9 +10,10 @@ import pytest
 import trio
 
 from learner.coordinator import COMPLETED, LEASED, PENDING, Coordinator, GroupSpec, Limits
-from learner.pipelines import (PipelineManager, PipelineSettings, assign_replicas, parse_stage_hello,
+from learner.config import PipelineConfig
+from learner.pipelines import (PipelineManager, assign_replicas, parse_stage_hello,
                                pipeline_ready)
-from swarm.pipeline.allocate import ModelSpec, PlanConfig, Stage
+from swarm.pipeline.allocate import ModelSpec, Stage
 from swarm.proto.hello import Hello
 from swarm.proto.rollouts import Completion, GroupResult
 from swarm.proto.stage import StageAssignment, StageReport
@@ -36,7 +37,7 @@ def whole_hello() -> Hello:
 
 
 def manager(**kw) -> PipelineManager:
-    return PipelineManager(group_size=2, max_tokens=8, settings=PipelineSettings(**kw))
+    return PipelineManager(group_size=2, max_tokens=8, settings=PipelineConfig(**kw))
 
 
 def held(mgr: PipelineManager, peer: str, a: StageAssignment) -> None:
@@ -118,7 +119,7 @@ def test_geometry_mismatch_is_refused():
 def test_leftover_stage_nodes_become_replicas_listed_as_spares():
     # four slow-ish capped nodes: three form the pipeline; the fourth would not raise its
     # throughput (hop cost) and copies one hop instead
-    mgr = manager(plan=PlanConfig(hop_s=10.0, cooldown_s=60.0))
+    mgr = manager(hop_s=10.0, cooldown_s=60.0)
     for p in ("s1", "s2", "s3", "s4"):
         mgr.join(p, stage_hello(300 * MB), 0.0)
     pipes = mgr.summary()["pipelines"]
@@ -284,13 +285,13 @@ def test_demo_cap_makes_exactly_one_three_stage_pipeline(group, max_tokens):
     from learner.demo import stage_cap_bytes
     from swarm.pipeline.allocate import NodeSpec, RunSpec, form_pipelines
 
-    ps = PipelineSettings()
+    ps = PipelineConfig()
     run = RunSpec(group, max_tokens + ps.prompt_tokens, ps.in_flight)
-    cap = stage_cap_bytes(SMOL, run, ps.plan)
+    cap = stage_cap_bytes(SMOL, run, ps)
     nodes = [NodeSpec(f"s{i}", cap, 10.0) for i in range(3)]
-    plan = form_pipelines(nodes, SMOL, run, ps.plan)
+    plan = form_pipelines(nodes, SMOL, run, ps)
     assert [len(p.stages) for p in plan.pipelines] == [3]
-    assert form_pipelines(nodes[:2], SMOL, run, ps.plan).pipelines == ()
+    assert form_pipelines(nodes[:2], SMOL, run, ps).pipelines == ()
 
 
 def test_geometry_out_of_range_is_refused():

@@ -109,8 +109,8 @@ def test_a_private_run_issues_tickets_to_admitted_peers_only(tmp_path):
 
 def test_private_needs_an_allowlist_run(tmp_path):
     with pytest.raises(ConfigError, match="network.private needs admission"):
-        load_config(LearnerConfig, None, ["network.private=true"]).validate()
-    cfg = load_config(LearnerConfig, None, ['network.admission="allowlist"', "network.private=true"]).validate()
+        load_config(LearnerConfig, None, ["network.private=true"])
+    cfg = load_config(LearnerConfig, None, ['network.admission="allowlist"', "network.private=true"])
     assert build_admission(cfg.network, tmp_path).policy.private
 
 

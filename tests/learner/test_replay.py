@@ -10,7 +10,8 @@ import trio
 
 from learner.coordinator import Coordinator, Limits
 from learner.ledger import WorkLedger
-from learner.replay import ReplayBudget, ReplayConfig, compare_group, numerics_of, replayable
+from learner.config import ReplayConfig
+from learner.replay import ReplayBudget, compare_group, numerics_of, replayable
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from swarm.config import ConfigError
 from swarm.proto.hello import Hello
@@ -100,11 +101,11 @@ def test_the_budget_spares_first_groups_and_stops_established_peers_when_spent()
 
 
 def test_replay_config_is_checked():
-    ReplayConfig().validate()
-    for bad in (ReplayConfig(budget_s_per_step=-1), ReplayConfig(max_logprob_diff=-1.0), ReplayConfig(contexts=0), ReplayConfig(max_kv_cells=0),
-                ReplayConfig(budget_s_per_step=math.inf)):
+    ReplayConfig()
+    for bad in (dict(budget_s_per_step=-1), dict(max_logprob_diff=-1.0), dict(contexts=0), dict(max_kv_cells=0),
+                dict(budget_s_per_step=math.inf)):
         with pytest.raises(ConfigError):
-            bad.validate()
+            ReplayConfig(**bad)
 
 
 def test_the_ledger_counts_each_nodes_work_and_keeps_untrusted_nodes():

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from learner.replay import ReplayConfig, numerics_of
+from learner.config import ReplayConfig
+from learner.replay import numerics_of
 from learner.replay_llamacpp import LlamaCppReplay
 from learner.work_desk import SamplingDefaults
 from swarm.proto.rollouts import Completion, GroupResult
@@ -20,7 +21,6 @@ MAX_TOKENS, SIZE, SEED = 24, 4, 11
 
 @pytest.fixture(scope="module")
 def setup():
-    pytest.importorskip("llama_cpp")
     from bench.replay_exactness import bench_adapter
     from common.default_model import default_gguf_path
     from node_agents.backends.llamacpp import LlamaCppBackend

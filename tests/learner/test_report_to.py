@@ -6,7 +6,8 @@ import pytest
 
 from learner.config import LearnerConfig
 from learner.metrics import MetricsWriter, read_metrics
-from learner.report_to import ReportConfig, build_sinks, scalars_of
+from learner.config import ReportConfig
+from learner.report_to import build_sinks, scalars_of
 from swarm.config import ConfigError, load_config
 
 
@@ -58,7 +59,7 @@ def test_config_and_flag(tmp_path):
     with pytest.raises(ConfigError, match="unknown target"):
         load_config(LearnerConfig, None, ['report.to=["mlflow"]'])
     from learner.cli import REPORT_FLAGS, build_parser
-    from swarm.config import shortcut_overrides
+    from swarm.config_flags import shortcut_overrides
 
     args = build_parser().parse_args(["demo", "--report-to", "tensorboard"])
     assert shortcut_overrides(args, REPORT_FLAGS) == ['report.to=["tensorboard"]']
@@ -70,4 +71,4 @@ def test_wandb_without_the_package_is_a_config_error(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError, match="wandb needs the wandb package"):
-        ReportConfig(to=["wandb"]).validate()
+        ReportConfig(to=["wandb"])

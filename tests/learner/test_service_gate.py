@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 
 from learner.coordinator import Coordinator, GroupSpec, Limits
-from learner.lease_gate import GateSettings
+from learner.config import SyncConfig
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from swarm.proto.hello import Hello
 from swarm.proto.work import WorkRequest
@@ -16,7 +16,7 @@ def _service(min_waiting: int) -> LearnerService:
     coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(3)])
     return LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",
                                                  model_name="m", long_poll_s=30.0,
-                                                 gate=GateSettings(min_waiting=min_waiting)))
+                                                 gate=SyncConfig(min_waiting_nodes=min_waiting)))
 
 
 def test_gate_holds_leases_until_enough_nodes_wait_then_shares_them():

@@ -11,7 +11,8 @@ import pytest
 import trio
 import trio.testing
 
-from learner.validator_desk import FALLBACK, ValidatorConfig, ValidatorDesk
+from learner.config import ValidatorConfig
+from learner.validator_desk import FALLBACK, ValidatorDesk
 from learner.work_desk import SamplingDefaults
 from swarm.config import ConfigError
 from swarm.proto.rollouts import Completion, GroupResult
@@ -189,7 +190,7 @@ def test_a_validator_error_falls_back_and_the_config_is_checked():
     trio.run(main)
     for bad in (dict(deadline_s=0), dict(max_logprob_diff=float("nan")), dict(max_jobs_per_peer=0)):
         with pytest.raises(ConfigError):
-            ValidatorConfig(**bad).validate()
+            ValidatorConfig(**bad)
 
 
 def test_validator_waits_are_bounded_per_step_by_the_budget():
@@ -211,6 +212,6 @@ def test_validator_waits_are_bounded_per_step_by_the_budget():
     unlimited.budget.measured(1000.0)
     assert all(unlimited.choose("p", g) for _ in range(5))
     with pytest.raises(ConfigError, match="budget_s_per_step"):
-        ValidatorConfig(budget_s_per_step=float("inf")).validate()
+        ValidatorConfig(budget_s_per_step=float("inf"))
     with pytest.raises(ConfigError, match="first_groups"):
-        ValidatorConfig(first_groups=-1).validate()
+        ValidatorConfig(first_groups=-1)

@@ -14,8 +14,8 @@ import trio
 from learner.admission import Admission, AdmissionPolicy
 from learner.coordinator import Coordinator, GroupSpec, Limits
 from learner.service import LearnerService, Refused, SamplingDefaults, ServiceSettings
-from learner.validator_desk import ValidatorConfig
-from learner.verify import Scored, Verifier, VerifyConfig
+from learner.config import ValidatorConfig
+from learner.verify import Scored, Verifier
 from swarm.proto.hello import Hello
 from swarm.proto.rollouts import Completion, GroupResult, RolloutPush
 from swarm.proto.validate import ValidateResult

@@ -89,7 +89,7 @@ def test_training_advances_the_weights_version_and_stale_groups_are_skipped():
     v = Verifier(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=3)
     step = v.exclusive(lambda batch: {"loss": 0.0})
     assert step([]) == {"loss": 0.0} and v.weights_version == 4
-    assert v.score([1, 2], [[3]], version=3) is None  # v3 is gone: not scored against v4 weights
+    assert v.rescore([1, 2], [[3]], version=3) is None  # v3 is gone: not scored against v4 weights
     result = types.SimpleNamespace(version=3, completions=[types.SimpleNamespace(token_ids=[3], logprobs=[-1.0], mask=[])])
     assert v.check_group("p", "llamacpp", [1, 2], result) is None
     assert v.take_metrics()["verify_skipped"] == 1 and v.take_metrics()["verify_skipped"] == 0
@@ -175,7 +175,7 @@ def test_group_scoring_matches_the_trainers_logprobs_for_ragged_completions(tmp_
     v = Verifier(trainer=trainer, cfg=cfg, temperature=0.7, top_p=1.0, weights_version=0)
     prompt = [5, 9, 17, 33]
     comps = [[40, 41, 42, 43, 44, 45, 46], [50], [60, 61, 62]]
-    scored = v.score(prompt, comps, version=0)
+    scored = v.rescore(prompt, comps, version=0)
     fp32 = precision == "fp32"
     want = trainer.logprobs([TrainSample(prompt, c, [0.0] * len(c), 0.0) for c in comps], autocast=False if fp32 else None)
     for s, w, c in zip(scored, want, comps):
@@ -186,7 +186,7 @@ def test_group_scoring_matches_the_trainers_logprobs_for_ragged_completions(tmp_
         for got, r in zip((s.logprobs, s.entropy, s.variance), ref):
             np.testing.assert_allclose(got, r, atol=tol)
     # groups scored together give what they give one by one
-    both = v.score_groups([(prompt, comps, 0), ([7, 8], [[9, 10]], 0), (prompt, comps, 5)])
+    both = v.rescore_groups([(prompt, comps, 0), ([7, 8], [[9, 10]], 0), (prompt, comps, 5)])
     assert both[2] is None  # another version: not scored
     for a, b in zip(both[0], scored):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
@@ -208,8 +208,8 @@ def test_the_training_step_takes_the_verifications_logprobs_instead_of_a_second_
         trainer = tiny_trainer(tmp_path / str(verified), minibatches=2, lr=1e-2)
         v = Verifier(trainer=trainer, cfg=cfg, temperature=0.7, top_p=1.0, weights_version=0)
         if verified:
-            v.score([5, 9, 17], groups[(5, 9, 17)], version=0)
-            v.score([6, 10], groups[(6, 10)], version=0)
+            v.rescore([5, 9, 17], groups[(5, 9, 17)], version=0)
+            v.rescore([6, 10], groups[(6, 10)], version=0)
         st = v.exclusive(trainer.train_step)(batch)
         assert st["logprobs_reused"] == (4 if verified else 0)
         assert trainer._known_logprobs == {}  # the weights changed: nothing kept from before
@@ -225,6 +225,6 @@ def test_the_verify_section_is_validated(override):
     from swarm.config import ConfigError, load_config
 
     with pytest.raises(ConfigError):
-        load_config(LearnerConfig, None, [override]).validate()
-    cfg = load_config(LearnerConfig, None, ["verify.torch_threads=0", 'verify.precision="fp32"']).validate()
+        load_config(LearnerConfig, None, [override])
+    cfg = load_config(LearnerConfig, None, ["verify.torch_threads=0", 'verify.precision="fp32"'])
     assert cfg.verify.torch_threads == 0 and cfg.verify.precision == "fp32"

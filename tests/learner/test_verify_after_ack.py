@@ -207,8 +207,8 @@ def test_pushes_that_queue_up_meanwhile_are_scored_together_and_judged_one_by_on
     svc, v = setup(n_groups=3)
     coord = svc.coordinator
     calls: list[int] = []
-    score_groups = v.score_groups
-    v.score_groups = lambda groups: calls.append(len(groups)) or score_groups(groups)
+    rescore_groups = v.rescore_groups
+    v.rescore_groups = lambda groups: calls.append(len(groups)) or rescore_groups(groups)
 
     async def main() -> None:
         async with trio.open_nursery() as n:

@@ -45,7 +45,6 @@ def _cached(name: str, build) -> Path:
 
 @pytest.fixture(scope="session")
 def base_gguf() -> Path:
-    pytest.importorskip("gguf")
     from common.default_model import ModelNotFoundError, default_gguf_path
 
     try:
@@ -81,8 +80,8 @@ def f32_gguf(base_gguf) -> Path:
 @pytest.fixture(scope="session")
 def hf_model_dir(base_gguf) -> Path:
     """A transformers checkpoint dequantised from the packaged GGUF (exact: fp32)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
 
     def build(tmp: Path) -> None:
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -96,7 +95,6 @@ def hf_model_dir(base_gguf) -> Path:
 
 @pytest.fixture(scope="session")
 def llama_backend_cls():
-    pytest.importorskip("llama_cpp")
     from node_agents.backends.llamacpp import LlamaCppBackend
 
     return LlamaCppBackend

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    torch = pytest.importorskip("torch")
+    import torch
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -52,7 +52,6 @@ def prompt_ids(llama_f32):
 
 @pytest.fixture(scope="module")
 def torch_be(base_gguf):
-    pytest.importorskip("peft")
     from node_agents.backends.registry import create_backend
 
     be = create_backend("torch", "default", threads=1, n_ctx=256)
@@ -62,7 +61,6 @@ def torch_be(base_gguf):
 
 @pytest.fixture(scope="module")
 def mlx_be(base_gguf):
-    pytest.importorskip("mlx_lm")
     from node_agents.backends.registry import create_backend
 
     be = create_backend("mlx", "default", n_ctx=256)

@@ -15,9 +15,7 @@ from node_agents.config import NodeConfig
 CHILD = """
 import json, os, sys, time
 from node_agents.cli import polite_threads
-from node_agents.config import NodeConfig
-cfg = NodeConfig(threads=2)
-line = polite_threads(cfg)  # before llama.cpp or torch loads, as at join
+threads, line = polite_threads(2)  # before llama.cpp or torch loads, as at join
 from common.default_model import default_gguf_path
 from node_agents.backends.llamacpp import LlamaCppBackend
 from node_agents.backends.base import SamplingParams
@@ -28,12 +26,12 @@ def idle_cpu(seconds=1.0):
     time.sleep(seconds)
     return time.process_time() - c0
 
-with LlamaCppBackend(default_gguf_path(), n_ctx=64, n_threads=cfg.threads, max_group=2) as be:
+with LlamaCppBackend(default_gguf_path(), n_ctx=64, n_threads=threads, max_group=2) as be:
     be.generate_group(list(range(1, 9)), 2, SamplingParams(1.0, 1.0, 4, seed=0))  # the pool has run
     out["llama_idle_cpu_s"] = idle_cpu()
 if sys.argv[1] == "torch":
     import torch
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(threads)
     x = torch.randn(256, 256)
     for _ in range(5):
         x = torch.tanh(x @ x)
@@ -50,13 +48,12 @@ def run_child(arm: str, **env) -> dict:
 
 
 def test_default_threads_leave_one_core_and_say_so():
-    cfg = NodeConfig()
-    line = polite_threads(cfg)
+    threads, line = polite_threads(NodeConfig().threads)
     physical = machine_facts().physical_cores
-    assert cfg.threads == max(1, physical - 1)
-    assert line.startswith(f"{cfg.threads} thread") and "physical core" in line
-    asked = NodeConfig(threads=3)
-    assert polite_threads(asked).startswith("3 threads (as asked)") and asked.threads == 3
+    assert threads == max(1, physical - 1)
+    assert line.startswith(f"{threads} thread") and "physical core" in line
+    threads, line = polite_threads(3)
+    assert line.startswith("3 threads (as asked)") and threads == 3
 
 
 def test_waiting_threads_sleep_and_a_spinning_pool_would_be_caught():

@@ -25,7 +25,7 @@ B_STD = 0.05  # big enough that the adapter moves log-probs by whole nats
 def one_thread():
     """One compute thread for torch and llama.cpp here: on a 2-core machine that is also busy
     with anything else, two spinning threads each are many times slower than one."""
-    torch = pytest.importorskip("torch")
+    import torch
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -35,8 +35,8 @@ def one_thread():
 @pytest.fixture(scope="module")
 def torch_lora(hf_model_dir):
     """(peft model in fp32 with random non-zero A and B, LoraAdapter with its tensors)."""
-    torch = pytest.importorskip("torch")
-    peft = pytest.importorskip("peft")
+    import torch
+    import peft
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(str(hf_model_dir), dtype=torch.float32)
@@ -95,7 +95,7 @@ def test_unpaired_tensor_is_rejected(model_dims):
 
 
 def test_written_file_layout(tmp_path, torch_lora, model_dims):
-    gguf = pytest.importorskip("gguf")
+    import gguf
     _, adapter = torch_lora
     path = write_lora_gguf(adapter, tmp_path / "a.gguf", n_head=model_dims["n_head"], n_head_kv=model_dims["n_head_kv"])
     reader = gguf.GGUFReader(str(path))

@@ -266,7 +266,7 @@ def test_a_fetch_needs_room_for_the_payload_and_the_files_and_respects_the_cap()
 def test_a_model_over_the_nodes_cap_is_refused_before_a_byte_is_written(tmp_path, model_file):
     from node_agents.cli import JOIN_FLAGS, build_parser
     from node_agents.config import NodeConfig
-    from swarm.config import shortcut_values
+    from swarm.config_flags import shortcut_values
 
     args = build_parser().parse_args(["join", "--learner", "/ip4/127.0.0.1/tcp/1/p2p/x", "--max-model-gb", "0.5"])
     assert NodeConfig(**shortcut_values(args, JOIN_FLAGS)).max_model_gb == 0.5

@@ -17,7 +17,7 @@ from node_agents.cli import JOIN_FLAGS, build_parser
 from node_agents.config import NodeConfig
 from node_agents.service import flags_from_args
 from node_agents.service_unit import LAUNCHD_LABEL, join_command, launchd_plist, systemd_unit
-from swarm.config import shortcut_values
+from swarm.config_flags import shortcut_values
 
 LEARNER = "/ip4/203.0.113.5/tcp/4001/p2p/12D3KooWGLnZ4b8sYk9jjBWxa9gS2UKdcpQivbAsWb5FzQn17qGu"
 ARGV = join_command("/opt/venv/bin/python", ["--learner", LEARNER, "--name", "my 100% box", "--hours", "22-7",
@@ -82,7 +82,7 @@ def test_install_checks_the_join_flags_and_refuses_once(tmp_path):
     env = {"XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     assert "give --learner" in run_cli("service", "install", env=env).stderr
     bad = run_cli("service", "install", "--learner", LEARNER, "--hours", "25-3", env=env)
-    assert bad.returncode == 2 and "--hours '25-3': 25 is not a time of day" in bad.stderr
+    assert bad.returncode == 2 and "--hours: hours '25-3': 25 is not a time of day" in bad.stderr
     once = run_cli("service", "install", "--learner", LEARNER, "--once", env=env)
     assert once.returncode == 2 and "drop --once" in once.stderr
     dry = run_cli("service", "install", "--learner", LEARNER, "--name", "box", "--dry-run", env=env)

@@ -38,7 +38,8 @@ def run_job(backend):
     agent = NodeAgent(NodeConfig(learner=""), backend, "t")
     agent.run_id, agent.adapter_key = "r", ("r", 3)  # version 3 installed: no fetch
     host = FakeHost()
-    job = ValidateJob("abc123", [1, 2, 3], 3, 2, 0.7, 0.9, 16, 4242)
+    job = ValidateJob(request_id="abc123", prompt_ids=[1, 2, 3], version=3, group_size=2, temperature=0.7, top_p=0.9,
+                      max_tokens=16, seed=4242)
     trio.run(agent._validate, host, "learner", job)
     return host.sent
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from learner.pipelines import PipelineManager, PipelineSettings
+from learner.config import PipelineConfig
+from learner.pipelines import PipelineManager
 from swarm.discovery.links import Links, links_from
 from swarm.pipeline.allocate import ModelSpec, NodeSpec, PlanConfig, RunSpec, build_pipeline, form_pipelines, replan
 from swarm.proto.hello import Hello
@@ -72,7 +73,7 @@ def stage_hello(mem: int, peer: str) -> Hello:
 
 def test_a_nat_stage_is_told_to_dial_its_head():
     links = {"now": links_from(["s1", "s2"])}  # s3 cannot be dialled
-    mgr = PipelineManager(group_size=2, max_tokens=8, settings=PipelineSettings(),
+    mgr = PipelineManager(group_size=2, max_tokens=8, settings=PipelineConfig(),
                           links=lambda members: links["now"])
     for p in ("s1", "s2", "s3"):
         mgr.join(p, stage_hello(300 * MB, p), now=0.0)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pipeline_helpers import N_LAYERS, PROMPT, run_hosts, tiny_adapter
-
-pytest.importorskip("mlx_lm")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 
 

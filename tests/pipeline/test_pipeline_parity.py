@@ -38,7 +38,6 @@ READY_TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def hf_dir():
-    pytest.importorskip("peft")
     from common.default_model import ModelNotFoundError
     from node_agents.models import resolve_for_backend
 

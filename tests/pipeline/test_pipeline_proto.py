@@ -61,7 +61,7 @@ def test_messages_round_trip_and_reject_garbage():
 
 
 def test_blob_round_trip_bf16_fp16_fp32():
-    torch = pytest.importorskip("torch")
+    import torch
     from node_agents.stages.tensors import from_blob, to_blob
 
     x = torch.randn(2, 3, 8)

@@ -12,9 +12,6 @@ import pytest
 import trio
 from pipeline_helpers import N_LAYERS, PROMPT, run_hosts as _go, tiny_adapter
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("peft")
-
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 
 TOL = 1e-4
@@ -254,7 +251,7 @@ def test_kv_budget_and_max_len_are_enforced(tiny_dir, tmp_path):
     stage = TorchStage(tiny_dir, 0, N_LAYERS, threads=1)
     per_session = 2 * 32 * stage.kv_bytes_per_token  # batch 2, 32 tokens
     assert stage.kv_bytes_per_token == 2 * 2 * 16 * 4 * N_LAYERS  # k+v, 2 kv heads x 16, fp32, 6 layers
-    stage.kv_budget_bytes = per_session + per_session // 2
+    stage.sessions.kv_budget_bytes = per_session + per_session // 2
 
     async def body(head, route):
         peer = route[0].peer_id

@@ -140,7 +140,6 @@ def test_run_episode_stops_at_max_turns_and_context_limit():
 
 def test_episode_tokens_with_the_real_tokenizer():
     """SmolLM2's own chat template and tokenizer: segments decode to the full conversation."""
-    pytest.importorskip("transformers")
     from common.default_model import ModelNotFoundError
 
     try:

@@ -11,15 +11,13 @@ from learner.cli import main
 from learner.config import LearnerConfig
 from learner.metrics import MetricsWriter
 from learner.report import report_snapshot, write_report
-from swarm.config import dump_toml, to_dict
+from swarm.config import dump_toml, to_dict, with_values
 from web_fixtures import PEER_A, PEER_B, metrics_rows
 
 
 def make_run(run_dir, steps=6):
     run_dir.mkdir()
-    cfg = LearnerConfig()
-    cfg.train.steps = steps
-    cfg.task.name = "arith"
+    cfg = with_values(LearnerConfig(), {"train.steps": steps, "task.name": "arith"})
     (run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))
     writer = MetricsWriter(run_dir)
     for row in metrics_rows(steps):

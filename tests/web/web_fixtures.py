@@ -11,6 +11,7 @@ import trio
 
 from learner.checkpoint import LoopState
 from learner.config import LearnerConfig
+from swarm.config import with_values
 from learner.coordinator import Coordinator, GroupSpec, Limits
 from learner.metrics import MetricsWriter
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
@@ -57,8 +58,7 @@ def learner_objects(tmp_path):
     trio.run(populate, svc)
     metrics = written(tmp_path, metrics_rows(2))
     state = LoopState(step=2, version=2)
-    cfg = LearnerConfig()
-    cfg.train.steps = 5
+    cfg = with_values(LearnerConfig(), {"train.steps": 5})
     src = DashboardSource(cfg=cfg, service=svc, metrics=metrics, state=state, run_dir="runs/x", started_at=1000.0,
                           clock=lambda: 1e9)
     return src

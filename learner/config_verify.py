@@ -1,0 +1,110 @@
+"""The learner's verification config sections: ``[verify]`` (statistical re-scoring,
+``learner/verify.py``), ``[replay]`` (exact replay of llama.cpp CPU nodes, ``learner/replay.py``)
+and ``[validators]`` (validator peers for torch and MLX nodes, ``learner/validator_desk.py``);
+assembled in :class:`learner.config.LearnerConfig` (the convention is :mod:`swarm.config`'s)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from swarm.config import Section, setting
+
+
+def check_tolerances(table: dict[str, float]) -> None:
+    """``verify.max_mean_abs_diff``: a finite tolerance >= 0 per backend."""
+    for backend, value in table.items():
+        if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+            raise ValueError(f"the tolerance of {backend!r} must be a number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class VerifyConfig(Section):
+    """Rollout verification (``learner/verify.py``): the learner re-scores sampled groups under
+    the version they claim and refuses nodes whose rollouts were not sampled from it."""
+
+    #: Verify rollouts at all.
+    enabled: bool = True
+    #: Fraction of groups verified after a node's first ones (random, within the budget).
+    sample_frac: float = setting(0.25, ge=0, le=1)
+    #: A node's first this many groups are all verified (whatever the budget).
+    first_groups: int = setting(2, ge=0)
+    #: Most seconds of verification per learner step beyond the first groups (0 = no limit).
+    budget_s_per_step: float = setting(10.0, ge=0)
+    #: Per backend: most mean |claimed - recomputed| log-prob per token over a group (``default``
+    #: for unlisted backends). Calibrated on honest nodes: see ``docs/security.md``.
+    max_mean_abs_diff: dict[str, float] = setting(factory=lambda: {
+        "llamacpp": 0.2, "torch": 0.08, "mlx": 0.2, "default": 0.2}, check=check_tolerances)
+    #: Most |z| of a group's surprisal excess beyond ``surprisal_slack`` (sampled text has z about
+    #: N(0, 1)). Calibrated on honest nodes: see ``docs/benchmarks.md``.
+    max_abs_z: float = setting(4.0, gt=0)
+    #: Excess surprisal (nats per token, either sign) tolerated before the z test counts: the
+    #: shift of honest quantised nodes, which sample from a slightly different distribution.
+    surprisal_slack: float = setting(0.2, ge=0)
+    #: Precision of the re-scoring pass: ``train`` (the trainer's own: bf16 autocast unless
+    #: ``train.precision = "fp32"``; the thresholds above are calibrated for it) or ``fp32``.
+    precision: Literal["train", "fp32"] = "train"
+    #: Torch threads while re-scoring (0 = the trainer's). The checks run while the learner waits
+    #: for rollouts, beside the nodes when they share the machine: 1 takes one core's compute and
+    #: no more (a pool as wide as the machine slows down sharply on shared cores).
+    torch_threads: int = setting(1, ge=0)
+    #: Sequential mode (one rank): check the picked groups on the training step's own forward
+    #: (``learner/step_check.py``: one forward, not two; held groups are trained only after
+    #: their check passed, in the same step). Off, or in async mode: a separate re-scoring pass
+    #: while the learner waits for rollouts, as before.
+    in_step: bool = True
+
+
+
+@dataclass(frozen=True)
+class ReplayConfig(Section):
+    """Exact verification by replay (``learner/replay.py``): the groups the verify queue picks
+    from nodes whose numerics the learner reproduces are replayed instead of re-scored."""
+
+    #: Replay llama.cpp CPU nodes' picked groups when their numerics match the learner's build.
+    enabled: bool = True
+    #: Seconds of replay per learner step on average, beyond nodes' first groups (0 = no limit):
+    #: a picked group is replayed while there is credit and charged its measured cost, else it
+    #: gets the statistical check. A replay costs about one group's generation (8-20 s on a
+    #: 2-core CPU), so the default replays a sampled group every 4-10 steps beside every node's
+    #: first groups, a few percent of a run where the learner shares the machine with its nodes.
+    budget_s_per_step: float = setting(2.0, ge=0, lt=math.inf)
+    #: Largest |pushed - replayed| log-prob of an identical token (the replay's own noise is 0 on
+    #: the same build; this absorbs float formatting only).
+    max_logprob_diff: float = setting(1e-4, ge=0, lt=math.inf)
+    #: Replayer contexts kept (one per distinct declared layout).
+    contexts: int = setting(2, ge=1)
+    #: Largest declared KV cache replayed, in cells (``n_ctx * max_group``); a node declaring more
+    #: is not replayed (statistical check), so no hello can make the learner allocate without bound.
+    max_kv_cells: int = setting(65536, ge=1)
+    #: Largest declared thread count replayed (the replay runs the node's own count).
+    max_threads: int = setting(64, ge=1)
+
+
+
+@dataclass(frozen=True)
+class ValidatorConfig(Section):
+    """Validator nodes (``learner/validator_desk.py``): picked groups of torch and MLX nodes are
+    replayed by a peer of the same declared class instead of re-scored, when one is available."""
+
+    #: Use validators at all (off: those groups keep the statistical check).
+    enabled: bool = True
+    #: Seconds from queueing a job until its result must have arrived (the validator may first
+    #: finish the lease it is generating); past it the group falls back to the statistical check.
+    deadline_s: float = setting(300.0, gt=0, lt=math.inf)
+    #: Largest |pushed - replayed| log-prob of an identical token. Tokens must match exactly; the
+    #: log-probs of the same class differ by thread count and kernel choice (measured on torch
+    #: CPU fp32: see ``docs/security.md``, "Exact verification").
+    max_logprob_diff: float = setting(1e-3, ge=0, lt=math.inf)
+    #: Most jobs waiting for one validator's next work request (more: the group falls back).
+    max_jobs_per_peer: int = setting(4, ge=1)
+    #: Seconds per learner step, on average, that verification may spend waiting on validators
+    #: beyond each node's first ``first_groups`` (0 = no limit): a picked group goes to a validator
+    #: while there is credit and is charged the measured wait of the last one; otherwise it gets the
+    #: statistical check. Keeps validators' time (replays instead of rollouts) and the verify
+    #: worker's waits bounded per step, as ``replay.budget_s_per_step`` bounds the learner's replays.
+    budget_s_per_step: float = setting(30.0, ge=0, lt=math.inf)
+    #: A node's first picked groups that always go to a validator (never charged to the budget).
+    first_groups: int = setting(1, ge=0)
+
