@@ -75,7 +75,7 @@ def test_the_name_reaches_swarm_json_the_ledger_and_the_report():
         await svc.on_hello(hello("alice"), "12D3KooWaaaaaaaaAlice")
         await svc.on_hello(hello(), "12D3KooWbbbbbbbbNoName")
         await push_one(svc, "12D3KooWaaaaaaaaAlice")
-        svc.forget_idle(trio.current_time() + 10_000)  # alice, idle, keeps her figures and her name
+        svc.hello.sweep(trio.current_time() + 10_000)  # alice, idle, keeps her figures and her name
 
     trio.run(main)
     summary = svc.swarm_summary()
