@@ -98,8 +98,8 @@ def test_each_peer_reads_its_own_line_over_libp2p(tmp_path):
             async with open_host(tmp_path / "learner", listen_addr="/ip4/127.0.0.1/tcp/0") as lh, \
                     open_host(tmp_path / "node", listen_addr="/ip4/127.0.0.1/tcp/0") as nh, \
                     open_host(tmp_path / "stranger", listen_addr="/ip4/127.0.0.1/tcp/0") as sh:
-                nodes = svc.nodes  # wired as learner/loop.py wires it
-                ContribDesk(ledger, lambda p: nodes[p].hello.name if p in nodes else None, "r1", "arith").register(lh)
+                roster = svc.roster  # wired as learner/loop.py wires it
+                ContribDesk(ledger, lambda p: roster.name_of(p) if p in roster else None, "r1", "arith").register(lh)
                 await svc.on_hello(hello("alice"), nh.peer_id)
                 await push_one(svc, nh.peer_id)
                 ledger.checked(nh.peer_id, "replay", True)
