@@ -130,7 +130,7 @@ class Harness:
             svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, TOKENS, 0), group_size=GROUP,
                                                         run_id="fuzz", model_name="m", long_poll_s=1.0))
             svc.register(lh)
-            ContribDesk(svc.ledger, lambda p: svc.nodes[p].hello.name if p in svc.nodes else None, "fuzz",
+            ContribDesk(svc.ledger, lambda p: svc.roster.name_of(p) if p in svc.roster else None, "fuzz",
                         "").register(lh)  # as learner/loop.py wires it
             dissem = LearnerDissem(lh, DissemConfig(mode="tree", stall_timeout_s=1.0), "fuzz",
                                    admit=lambda peer: peer in svc.roster)
