@@ -33,8 +33,11 @@ from typing import Sequence
 
 import numpy as np
 
-#: Every class a node's hello can map to (:func:`draw_class`), widest honest tolerance last.
+#: Every class a node's hello can map to (:func:`draw_class`).
 CLASSES = ("torch-fp32", "mlx-fp32", "torch-lowp", "mlx-lowp", "llamacpp", "pipeline", "default")
+#: The learner's precisions a tolerance is calibrated for: its logits in float32, or under bf16
+#: (autocast, or a bf16 base).
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,52 @@ class DrawTolerance:
     def __post_init__(self) -> None:
         if not (0.0 < self.eps < 1.0) or self.allowed < 0:
             raise ValueError(f"draw tolerance needs 0 < eps < 1 and allowed >= 0, got {self.eps}, {self.allowed}")
+
+
+#: Tolerance per ``class@precision``, calibrated on honest nodes of each backend
+#: (``python -m bench.verify_calib --draw``; figures in ``docs/benchmarks.md``, "The draw check").
+#: ``default`` (an undeclared or unknown class, a pipeline) takes the widest: declaring a class can
+#: only narrow a node's tolerance, never widen it past what any node may have.
+DRAW_TOLERANCES: dict[str, DrawTolerance] = {
+    "torch-fp32@fp32": DrawTolerance(0.001, 0), "mlx-fp32@fp32": DrawTolerance(0.001, 0),
+    "torch-fp32@bf16": DrawTolerance(0.06, 1), "mlx-fp32@bf16": DrawTolerance(0.06, 1),
+    "torch-lowp@fp32": DrawTolerance(0.1, 1), "torch-lowp@bf16": DrawTolerance(0.1, 1),
+    "mlx-lowp@fp32": DrawTolerance(0.1, 1), "mlx-lowp@bf16": DrawTolerance(0.1, 1),
+    "llamacpp@fp32": DrawTolerance(0.12, 1), "llamacpp@bf16": DrawTolerance(0.12, 1),
+    "pipeline@fp32": DrawTolerance(0.12, 1), "pipeline@bf16": DrawTolerance(0.12, 1),
+    "default@fp32": DrawTolerance(0.12, 1), "default@bf16": DrawTolerance(0.12, 1),
+}
+
+
+def draw_class(backend: str, extra: dict, stage: bool = False) -> str:
+    """The class whose tolerance a node's groups are judged with, from what its hello declares:
+    ``llamacpp`` (any build, device or thread count: the run's GGUF), ``torch-fp32``/``mlx-fp32``
+    (float32 weights), ``torch-lowp``/``mlx-lowp`` (bf16 or fp16 weights), ``pipeline`` (a stage
+    node: groups made across several nodes), else ``default``. A lie can only pick among these, and
+    the widest tolerance is every class's upper bound (:func:`tolerance_for`)."""
+    if stage:
+        return "pipeline"
+    if backend == "llamacpp":
+        return "llamacpp"
+    if backend in ("torch", "mlx"):
+        dtype = str(extra.get("dtype", "")) if isinstance(extra, dict) else ""
+        if dtype in ("float32", "fp32", "mlx.core.float32"):
+            return f"{backend}-fp32"
+        if dtype:
+            return f"{backend}-lowp"
+    return "default"
+
+
+def tolerance_for(cls: str, precision: str, overrides: dict[str, DrawTolerance] | None = None) -> DrawTolerance:
+    """The tolerance of ``cls`` at the learner's ``precision`` (``fp32``/``bf16``): the operator's
+    override (``verify.draw_tolerance``), else the calibrated table, else ``default``; never wider
+    than ``default`` at that precision (so no declaration buys more room than the widest class)."""
+    table = {**DRAW_TOLERANCES, **(overrides or {})}
+    widest = table.get(f"default@{precision}") or DRAW_TOLERANCES[f"default@{precision}"]
+    tol = table.get(f"{cls}@{precision}", widest)
+    if tol.eps > widest.eps or tol.allowed > widest.allowed:
+        return DrawTolerance(min(tol.eps, widest.eps), min(tol.allowed, widest.allowed))
+    return tol
 
 
 def completion_uniforms(seed: int, lengths: Sequence[int], masks: Sequence[Sequence[int]] | None = None
@@ -84,20 +133,21 @@ def completion_uniforms(seed: int, lengths: Sequence[int], masks: Sequence[Seque
     return out
 
 
-def draw_distances(logp, tokens, us: np.ndarray, top_p: float = 1.0) -> np.ndarray:
+def draw_distances(logp, tokens, us: np.ndarray, top_p: float = 1.0, probs=None) -> np.ndarray:
     """Per token of one completion, the distance (probability mass) from its uniform ``us[t]`` to
     the token's interval in the learner's draw CDF; 0 inside, NaN where ``us`` is NaN (no draw).
 
     ``logp``: [n, V] torch tensor, the learner's temperature-scaled log-softmax at the n positions;
     ``tokens``: [n] long tensor. ``top_p >= 1``: the CDF in token-id order; below 1: the nucleus
     (most probable first, ties by token id, the smallest set reaching ``top_p``), renormalised, as
-    the node draws (``sampling._draw``). Cost: a few passes over the [n, V] rows."""
+    the node draws (``sampling._draw``). ``probs``: ``logp.exp()`` when the caller has it. Cost: a
+    few passes over the [n, V] rows."""
     import torch
 
     n = int(tokens.shape[0])
     if n == 0:
         return np.zeros(0)
-    p = logp.detach().float().exp()  # [n, V]
+    p = logp.detach().float().exp() if probs is None else probs  # [n, V]
     tok = tokens.to(p.device).long().view(n, 1)
     p_tok = p.gather(1, tok)[:, 0].double()  # [n]
     if top_p >= 1.0:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Awaitable, Callable
 
 import trio
@@ -35,8 +36,8 @@ from learner.lease_gate import GateSettings, LeaseGate
 from learner.ledger import WorkLedger
 from learner.model_serve import HELLO_MODEL_NAME_KEY, LearnerModelServe, hello_model_check
 from learner.pipelines import PipelineManager, PipelineSettings, describe_pipelines, stage_adapter, stage_report
+from learner.node_classes import draw_class_of, validator_classes
 from learner.validator_desk import ValidatorConfig, ValidatorDesk
-from learner.validators import device_class
 from learner.verify import Verifier
 from learner.verify_queue import VerifyQueue
 from learner.work_desk import SamplingDefaults, WorkDesk
@@ -156,8 +157,9 @@ class LearnerService:
         self.validators = None if verifier is None or validators is None or not validators.enabled else ValidatorDesk(
             validators, s.sampling, classes=self.node_classes, untrust=self.untrust, wake=self.changes.notify)
         self.checks = None if verifier is None else VerifyQueue(
-            verifier, coordinator, self.changes, backend_of=self._backend_of, untrust=self.untrust, credit=self.credit,
-            replay=replay, on_checked=self.ledger.checked, validators=self.validators)
+            verifier, coordinator, self.changes, backend_of=self._backend_of, class_of=partial(draw_class_of, self.nodes), untrust=self.untrust,
+            credit=self.credit, replay=replay, on_checked=self.ledger.checked, validators=self.validators,
+            newcomer_s_per_step=verifier.cfg.newcomer_s_per_step)
 
     # -- wiring ----------------------------------------------------------------------------
     def register(self, host) -> None:
@@ -265,10 +267,8 @@ class LearnerService:
         return gone
 
     def node_classes(self) -> dict[str, str | None]:
-        """Peer id -> the validator class its hello declares (``learner.validators.device_class``;
-        None: not one validators serve). Stage nodes serve pipelines, not validation jobs."""
-        return {p: None if n.hello.extra.get("stage") == "1" else device_class(n.hello.backend, n.hello.device, n.hello.extra)
-                for p, n in self.nodes.items()}
+        """Peer id -> the validator class its hello declares (``learner/node_classes.py``)."""
+        return validator_classes(self.nodes)
 
     def _backend_of(self, peer_id: str) -> str:
         node = self.nodes.get(peer_id)

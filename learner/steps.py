@@ -33,6 +33,7 @@ from learner.scoring import score_groups
 from learner.service import LearnerService
 from learner.step_check import ChecksFailed, GroupCheck, StepChecks
 from learner.step_timing import DissemWatch, StepClock, gen_seconds
+from learner.verify import GroupToCheck
 from swarm.proto.adapter import AdapterReply
 
 #: Print a "waiting for rollouts" line when a batch has made no progress for this long.
@@ -102,22 +103,30 @@ async def _wait_ready(ctx, ready, describe, refill=None) -> None:
                         f"{len(ctx.service.nodes)} node(s) joined)")
 
 
+def first_share(cfg: LearnerConfig) -> int:
+    """Groups of a step's first minibatch: those its forward sees on the version they were made
+    with, so checks of them can run on it (``learner/step_check.py``)."""
+    n = cfg.train.prompts_per_step
+    return -(-n // max(1, min(cfg.train.minibatches, n)))
+
+
 async def sequential_step(ctx) -> dict[str, Any]:
     t0 = time.perf_counter()
     gen0 = gen_seconds(ctx.service)
     ids = add_problems(ctx, ctx.cfg.train.prompts_per_step)
     coord, queue = ctx.coord, getattr(ctx.service, "checks", None)
+    share = first_share(ctx.cfg)
 
-    def ready(gid: str) -> bool:  # trainable, or held for a check this step makes on its forward
-        state = coord.ledger[gid]
-        return state == COMPLETED or (state == HELD and queue is not None and queue.is_deferred(gid))
+    def ready() -> bool:  # trainable, or held for a check this step makes on its forward
+        if queue is None:
+            return all(coord.ledger[g] == COMPLETED for g in ids)
+        return queue.step_ready(ids, share)
 
     idle, t_wait = 0.0, t0
     while True:
-        await _wait_until(ctx, lambda: all(ready(g) for g in ids),
-                          lambda: f"{sum(ready(g) for g in ids)}/{len(ids)} groups")
+        await _wait_until(ctx, ready, lambda: f"{sum(coord.ledger[g] in (COMPLETED, HELD) for g in ids)}/{len(ids)} groups")
         idle += time.perf_counter() - t_wait
-        deferred = queue.take_deferred(ids) if queue is not None else []
+        deferred = queue.take_for_step(ids, share) if queue is not None else []
         groups = coord.take(ids)
         try:
             return await _train_and_publish(ctx, groups, t0, idle, gen0, deferred)
@@ -154,13 +163,16 @@ def _export_reply(trainer, version: int):
 
 
 def _step_checks(queue, deferred: list) -> StepChecks | None:
-    """The checks the training step makes on its own forward, one per picked group of each
-    deferred push (:mod:`learner.step_check`); ``None`` when there are none."""
+    """The checks the training step makes on its own forward, one per group of each push it took
+    from the verify queue (:mod:`learner.step_check`); ``None`` when there are none."""
     if not deferred:
         return None
     v = queue.verifier
-    return StepChecks([GroupCheck(gid, len(result.completions), partial(v.judge_scored, item.peer_id, item.backend, result))
-                       for item in deferred for gid, _prompt, result in item.picked])
+    draw = bool(getattr(v.cfg, "draw", True))
+    return StepChecks([GroupCheck(gid, len(result.completions),
+                                  partial(v.judge_scored, GroupToCheck(item.peer_id, item.backend, item.cls, prompt, result)),
+                                  v.uniforms(result) if draw else None)
+                       for item in deferred for gid, prompt, result in item.picked])
 
 
 def _settle(queue, deferred: list, failed: dict[str, str]) -> None:
@@ -226,7 +238,8 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
         "train_s": round(train_s, 3),
         "samples_per_s": round(len(rewards) / max(step_time, 1e-9), 3),
         "nodes": ctx.service.take_contributions(),
-        "trained_groups": dict(Counter(g.peer_id for g in groups)),  # the work ledger's (learner/ledger.py)
+        "trained_groups": dict(Counter(g.peer_id for g in groups)),  # the work ledger's (learner/ledger.py) ...
+        "trained_ids": {p: [g.spec.group_id for g in groups if g.peer_id == p] for p in {g.peer_id for g in groups}},
         "rollout_versions": sorted({g.result.version for g in groups}),
         "staleness_hist": {str(k): v for k, v in sorted(lags.items())},
         "staleness_max": max(lags, default=0),

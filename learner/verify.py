@@ -52,11 +52,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 
+from learner.draw_check import CLASSES, PRECISIONS, DrawTolerance, completion_uniforms, judge_draw, tolerance_for
+from learner.verify_stats import GroupStats, Scored, group_stats, judge, wants_check  # noqa: F401 (re-exported)
 from swarm.config import ConfigError
+from swarm.proto.work import group_seed
 
 log = logging.getLogger("echo_swarm.learner")
 
@@ -102,6 +105,18 @@ class VerifyConfig:
     #: their check passed, in the same step). Off, or in async mode: a separate re-scoring pass
     #: while the learner waits for rollouts, as before.
     in_step: bool = True
+    #: Check the sampling draw of every token of every group against the lease's seed on the
+    #: learner's logits (``learner/draw_check.py``); off: only the claims and likelihood tests.
+    draw: bool = True
+    #: Draw tolerances replacing the calibrated ones, per ``class@precision`` (``llamacpp@bf16``,
+    #: ``torch-fp32@fp32``, ...): ``[eps, allowed]``, eps in probability mass. None may be wider than
+    #: ``default@precision`` (the widest class); empty = the calibrated table.
+    draw_tolerance: dict[str, list[float]] = field(default_factory=dict)
+    #: Seconds per learner step (on average; a step's credit is kept for up to 4 steps) that checks
+    #: made away from the training step may spend on peers none of whose groups passed a check yet.
+    #: Beyond it, such a peer's push is not checked: its groups are re-issued to others and it is
+    #: not blamed. So fresh ids cannot make the learner run forwards without bound.
+    newcomer_s_per_step: float = 20.0
 
     def validate(self) -> None:
         _require(0.0 <= self.sample_frac <= 1.0, f"verify.sample_frac must be in [0, 1], got {self.sample_frac}")
@@ -109,78 +124,44 @@ class VerifyConfig:
         _require(self.budget_s_per_step >= 0, f"verify.budget_s_per_step must be >= 0, got {self.budget_s_per_step}")
         _require(self.precision in ("train", "fp32"), f"verify.precision must be train or fp32, got {self.precision!r}")
         _require(self.torch_threads >= 0, f"verify.torch_threads must be >= 0, got {self.torch_threads}")
-
-@dataclass
-class GroupStats:
-    #: Model tokens scored.
-    tokens: int
-    #: Mean |claimed - recomputed| log-prob over them.
-    mean_abs_diff: float
-    #: Surprisal z-score of the group (None when the test does not apply).
-    z: float | None
-    #: Sum over the tokens of (-lp_t - H_t) and of V_t (for the slack-shifted test).
-    excess_sum: float = 0.0
-    var_sum: float = 0.0
-
-    @property
-    def excess_per_token(self) -> float:
-        return self.excess_sum / self.tokens if self.tokens else 0.0
-
-    def z_beyond(self, slack: float) -> float:
-        """z of the excess surprisal beyond +-``slack`` nats per token (0 inside the band)."""
-        if self.z is None or self.var_sum <= 0:
-            return 0.0
-        over = abs(self.excess_sum) - slack * self.tokens
-        return math.copysign(max(over, 0.0), self.excess_sum) / math.sqrt(self.var_sum)
+        _require(self.newcomer_s_per_step >= 0, f"verify.newcomer_s_per_step must be >= 0, got {self.newcomer_s_per_step}")
+        try:
+            draw_overrides(self)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"verify.draw_tolerance: {e}") from e
 
 
-@dataclass
-class Scored:
-    """The learner's view of one completion: per model token, recomputed log-prob, entropy and
-    surprisal variance under the policy (arrays of equal length)."""
-
-    logprobs: np.ndarray
-    entropy: np.ndarray
-    variance: np.ndarray
+#: :meth:`Verifier.check_groups`' answer for a group it could not score (its version's adapter is no
+#: longer kept): not a failure of the node, but not checked either, so not trained.
+SKIPPED = "skipped: its adapter version is no longer kept"
 
 
-def group_stats(claimed: list[list[float]], masks: list[list[int]], scored: list[Scored], with_z: bool) -> GroupStats:
-    """Both test statistics of one group (see the module docstring). ``masks[i]`` empty: all
-    tokens of completion i are model tokens."""
-    diffs, excess, var = [], 0.0, 0.0
-    for lps, mask, s in zip(claimed, masks, scored):
-        keep = np.asarray(mask, dtype=bool) if mask else np.ones(len(lps), dtype=bool)
-        c = np.asarray(lps, dtype=np.float64)[keep]
-        r, h, v = s.logprobs[keep], s.entropy[keep], s.variance[keep]
-        diffs.append(np.abs(c - r))
-        excess += float(np.sum(-r - h))
-        var += float(np.sum(np.maximum(v, 0.0)))
-    d = np.concatenate(diffs) if diffs else np.zeros(0)
-    z = excess / math.sqrt(var) if with_z and var > 1e-9 else None
-    return GroupStats(int(d.size), float(d.mean()) if d.size else 0.0, z, excess, var)
+def draw_overrides(cfg: Any) -> dict[str, DrawTolerance]:
+    """``verify.draw_tolerance`` as tolerances (``class@precision`` -> ``[eps, allowed]``)."""
+    out = {}
+    for key, value in dict(getattr(cfg, "draw_tolerance", {}) or {}).items():
+        cls, _, prec = str(key).partition("@")
+        if cls not in CLASSES or prec not in PRECISIONS:
+            raise ValueError(f"{key!r}: want class@precision, class one of {CLASSES}, precision one of {PRECISIONS}")
+        eps, allowed = (list(value) + [0])[:2] if isinstance(value, (list, tuple)) else (value, 0)
+        out[key] = DrawTolerance(float(eps), int(allowed))
+    return out
 
+@dataclass(frozen=True)
+class GroupToCheck:
+    """One pushed group to verify: whose, of which declared class, and how."""
 
-def judge(stats: GroupStats, max_mean_abs_diff: float, max_abs_z: float, slack: float = 0.0) -> str | None:
-    """Why a group fails verification, or ``None``. ``slack``: nats per token of excess surprisal
-    allowed before the z test counts (the honest quantised node's bias, calibrated)."""
-    if stats.tokens == 0:
-        return None
-    if stats.mean_abs_diff > max_mean_abs_diff:
-        return (f"claimed log-probs differ from the policy's by {stats.mean_abs_diff:.3f} per token "
-                f"(at most {max_mean_abs_diff})")
-    zb = stats.z_beyond(slack)
-    if stats.z is not None and abs(zb) > max_abs_z:
-        return (f"text unlikely to be sampled from the policy: surprisal {stats.excess_per_token:+.2f} nats/token "
-                f"from the entropy, z = {zb:+.1f} beyond +-{slack} over {stats.tokens} tokens (|z| at most {max_abs_z})")
-    return None
-
-
-def wants_check(groups_seen: int, first_groups: int, frac: float, budget_left_s: float, u: float) -> bool:
-    """Whether to verify a peer's next group: its first ``first_groups`` always, then with
-    probability ``frac`` (``u`` uniform in [0, 1)) while the step's budget lasts."""
-    if groups_seen < first_groups:
-        return True
-    return budget_left_s > 0 and u < frac
+    peer_id: str
+    #: The backend the peer announced (selects the claims threshold).
+    backend: str
+    #: Its draw-check class (:func:`learner.draw_check.draw_class`: selects the draw tolerance).
+    cls: str
+    prompt_ids: list[int]
+    #: The pushed ``GroupResult``.
+    result: Any
+    #: Scored in float32 whatever the training precision (a strict check of a class whose float32
+    #: tolerance is the narrower: :meth:`Verifier.strict_fp32`).
+    fp32: bool = False
 
 
 @dataclass
@@ -197,6 +178,15 @@ class Verifier:
     #: Checks of groups trained on the version they were generated with run on the training
     #: step's own forward (``verify.in_step`` in sequential mode, :mod:`learner.step_check`).
     in_step: bool = False
+    #: The leases' sampling seed (``train.seed``): group g's completions were drawn from
+    #: ``group_seed(sampling_seed, g)`` (the draw check's uniforms).
+    sampling_seed: int = 0
+    #: The precision of the training forward's logits (``fp32`` or ``bf16``): the draw tolerance of
+    #: checks made at the training precision.
+    train_precision: str = "bf16"
+    #: The published adapter of an older version (its LoRA tensors as nodes hold them), or None
+    #: when it is no longer kept: async groups are scored under their own version.
+    adapter_of: Callable[[int], dict | None] = lambda version: None
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: Groups seen per peer (for "first groups").
     seen: dict[str, int] = field(default_factory=dict)
@@ -216,6 +206,9 @@ class Verifier:
     #: Per backend, over the whole run: groups verified, failed, and the largest statistics
     #: (``max_abs_diff``, ``max_abs_z``): the measured distribution's margins, in constant memory.
     summary: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Per ``class@precision``, over the run: groups draw-checked, failed, the largest group
+    #: statistic and the tolerance it was judged against (:mod:`learner.draw_check`).
+    draw_summary: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -224,6 +217,7 @@ class Verifier:
         self.history = deque(self.history, maxlen=self.history_size)
         self._step_max_diff: float | None = None  # this step's largest statistics (take_metrics)
         self._step_max_z: float | None = None
+        self._step_draw: dict[str, dict[str, float]] = {}
         self.in_step_s = 0.0  # this step's share of spent_s that ran inside the training step
 
     def exclusive(self, train_step):
@@ -240,28 +234,43 @@ class Verifier:
         table = self.cfg.max_mean_abs_diff
         return float(table.get(backend, table.get("default", 1.0)))
 
+    def tolerance(self, cls: str, precision: str) -> DrawTolerance:
+        """The draw tolerance of ``cls`` at ``precision`` (``verify.draw_tolerance`` overrides)."""
+        return tolerance_for(cls, precision, draw_overrides(self.cfg))
+
+    def strict_fp32(self, cls: str) -> bool:
+        """Whether scoring ``cls`` in float32 is a stricter check than at the training precision
+        (torch and MLX float32 nodes under a bf16 learner: their float32 tolerance is far
+        narrower, narrow enough to catch an adapter slightly off the lease's)."""
+        return (self.train_precision != "fp32"
+                and self.tolerance(cls, "fp32").eps < self.tolerance(cls, self.train_precision).eps)
+
+    def uniforms(self, result) -> list[np.ndarray]:
+        """The uniform each token of ``result`` (a pushed ``GroupResult``) was drawn with."""
+        return completion_uniforms(group_seed(self.sampling_seed, result.group_id),
+                                   [len(c.token_ids) for c in result.completions], [c.mask for c in result.completions])
+
     def pick(self, peer_id: str) -> bool:
-        """Whether to verify ``peer_id``'s next group. A peer's first ``first_groups`` are always
-        verified and are never charged to the step's budget; the budget
-        (``budget_s_per_step``) is spent only by the sampled checks of established peers, at the
-        measured cost of a group each. So a stream of new ids (whose first groups are all
-        checked) cannot use up the budget that keeps sampling the established nodes."""
+        """Whether ``peer_id``'s next group gets a strict check beside its draw check (exact replay,
+        a float32 pass, a validator's tip): a peer's first ``first_groups`` always, after them a
+        random ``sample_frac`` while ``budget_s_per_step`` has credit, at the measured cost of a
+        group each. What the checks then cost the learner is bounded where they run
+        (:mod:`learner.verify_queue`: a new peer's checks spend ``newcomer_s_per_step``)."""
         n, u = self.seen.get(peer_id, 0), self._rng.random()
         self.seen[peer_id] = n + 1
-        if n < self.cfg.first_groups:
-            return True
         budget = self.cfg.budget_s_per_step - self.sampled * self.group_s if self.cfg.budget_s_per_step > 0 else 1.0
         picked = wants_check(n, self.cfg.first_groups, self.cfg.sample_frac, budget, u)
-        self.sampled += picked
+        self.sampled += picked and n >= self.cfg.first_groups
         return picked
 
     def score(self, prompt_ids: list[int], completions: list[list[int]], version: int) -> list[Scored] | None:
-        """Recompute (blocking; run in a thread). ``None`` if ``version`` is no longer the weights'."""
+        """Recompute (blocking; run in a thread). ``None`` if ``version`` cannot be scored."""
         return self.score_groups([(prompt_ids, completions, version)])[0]
 
-    def score_groups(self, groups: list[tuple[list[int], list[list[int]], int]]) -> list[list[Scored] | None]:
-        """:meth:`score` for several groups (prompt ids, completions, version) in one hold of the lock
-        and one torch thread setting: the groups waiting for a check are scored together."""
+    def score_groups(self, groups: list[tuple]) -> list[list[Scored] | None]:
+        """:meth:`score` for several groups (prompt ids, completions, version[, uniforms[, fp32]]) in
+        one hold of the lock and one torch thread setting. A group of an older version is scored
+        under that version's published adapter while it is kept (async mode), else ``None``."""
         with self.lock:  # the time spent waiting for a training step is not verification cost
             t0 = time.perf_counter()
             threads = torch_threads = None
@@ -271,7 +280,7 @@ class Verifier:
 
                     torch_threads, threads = torch, torch.get_num_threads()
                     torch.set_num_threads(self.cfg_threads)
-                return [self._score(p, c) if v == self.weights_version else None for p, c, v in groups]
+                return [self._score_at(*g) for g in groups]
             finally:
                 if torch_threads is not None:
                     torch_threads.set_num_threads(threads)
@@ -285,31 +294,41 @@ class Verifier:
         """Torch threads while scoring (``verify.torch_threads``; 0 = leave the trainer's)."""
         return int(getattr(self.cfg, "torch_threads", 0) or 0)
 
-    def _score(self, prompt_ids: list[int], completions: list[list[int]]) -> list[Scored]:
+    def _score_at(self, prompt_ids, completions, version: int, uniforms=None, fp32: bool = False) -> list[Scored] | None:
+        if version == self.weights_version:
+            return self._score(prompt_ids, completions, uniforms, fp32)
+        tensors = self.adapter_of(version)
+        if tensors is None:
+            return None
+        with self.trainer.swapped_adapter(tensors):  # that version's adapter, as its nodes held it
+            return self._score(prompt_ids, completions, uniforms, fp32)
+
+    def _score(self, prompt_ids: list[int], completions: list[list[int]], uniforms=None, fp32: bool = False) -> list[Scored]:
         """The trainer's own pass over one group (:meth:`learner.trainer.Trainer.token_stats`): the
         prompt once with its KV cache repeated over the completions, the training precision
         (``verify.precision = "train"``: bf16 autocast by default) or float32, and log-prob,
-        entropy and surprisal variance from the same logits."""
-        autocast = False if getattr(self.cfg, "precision", "train") == "fp32" else None
-        stats = self.trainer.token_stats(prompt_ids, completions, self.temperature, autocast=autocast)
-        return [Scored(lp, h, v) for lp, h, v in stats]
+        entropy, surprisal variance and the draw distances from the same logits."""
+        autocast = False if fp32 or getattr(self.cfg, "precision", "train") == "fp32" else None
+        stats = self.trainer.token_stats(prompt_ids, completions, self.temperature, autocast=autocast,
+                                         uniforms=uniforms, top_p=self.top_p)
+        return [Scored(*row) for row in stats]
 
-    def check_group(self, peer_id: str, backend: str, prompt_ids: list[int], result) -> str | None:
-        """Verify one group (blocking). Returns the failure reason or ``None``."""
-        return self.check_groups([(peer_id, backend, prompt_ids, result)])[0]
+    def pass_precision(self, fp32: bool) -> str:
+        """The precision of a background pass's logits."""
+        return "fp32" if fp32 or getattr(self.cfg, "precision", "train") == "fp32" else self.train_precision
 
-    def check_groups(self, items: list[tuple[str, str, list[int], Any]]) -> list[str | None]:
-        """Verify several groups (peer id, backend, prompt ids, pushed ``GroupResult``), scored
-        together (:meth:`score_groups`); per group the failure reason or ``None``."""
-        scores = self.score_groups([(prompt, [c.token_ids for c in result.completions], result.version)
-                                    for _peer, _backend, prompt, result in items])
-        return [self._judge(peer, backend, result, scored)
-                for (peer, backend, _prompt, result), scored in zip(items, scores)]
+    def check_groups(self, items: list[GroupToCheck]) -> list[str | None]:
+        """Verify several groups, scored together (:meth:`score_groups`); per group the failure
+        reason, ``None`` (passed) or :data:`SKIPPED`."""
+        draw = bool(getattr(self.cfg, "draw", True))
+        scores = self.score_groups([(it.prompt_ids, [c.token_ids for c in it.result.completions], it.result.version,
+                                     self.uniforms(it.result) if draw else None, it.fp32) for it in items])
+        return [self._judge(it, scored, self.pass_precision(it.fp32)) for it, scored in zip(items, scores)]
 
-    def judge_scored(self, peer_id: str, backend: str, result, scored: list[Scored]) -> str | None:
-        """The verdict on ``peer_id``'s group ``result`` given its scores under its own version
-        (computed elsewhere: the training step's forward); recorded like any check."""
-        return self._judge(peer_id, backend, result, scored)
+    def judge_scored(self, item: GroupToCheck, scored: list[Scored], precision: str | None = None) -> str | None:
+        """The verdict on ``item`` given its scores under its own version, computed elsewhere (the
+        training step's forward, at the training precision); recorded like any check."""
+        return self._judge(item, scored, precision or self.train_precision)
 
     def add_cost(self, seconds: float, groups: int) -> None:
         """Checks that ran inside a training step: their cost joins this step's figures and
@@ -319,19 +338,32 @@ class Verifier:
         if groups:
             self.group_s = seconds / groups
 
-    def _judge(self, peer_id: str, backend: str, result, scored: list[Scored] | None) -> str | None:
+    def _judge(self, item: GroupToCheck, scored: list[Scored] | None, precision: str) -> str | None:
         if scored is None:
             self.skipped += 1
-            return None
+            return SKIPPED
+        result = item.result
         with_z = self.temperature > 0 and self.top_p >= 1.0
         stats = group_stats([c.logprobs for c in result.completions], [c.mask for c in result.completions],
                             scored, with_z)
         self.checked += 1
-        reason = judge(stats, self.threshold(backend), self.cfg.max_abs_z, self.cfg.surprisal_slack)
+        reason = judge(stats, self.threshold(item.backend), self.cfg.max_abs_z, self.cfg.surprisal_slack)
+        if all(s.draw is not None for s in scored):
+            tol = self.tolerance(item.cls, precision)
+            stat, why = judge_draw([s.draw for s in scored], tol)
+            self._record_draw(f"{item.cls}@{precision}", stat, tol, failed=why is not None)
+            reason = reason or (None if why is None else f"draw check ({item.cls}, {precision}): {why}")
         if reason is not None:
             self.failed += 1
-        self._record(peer_id, backend, stats, failed=reason is not None)
+        self._record(item.peer_id, item.backend, stats, failed=reason is not None)
         return reason
+
+    def _record_draw(self, key: str, stat: float, tol: DrawTolerance, failed: bool) -> None:
+        for book in (self.draw_summary, self._step_draw):
+            b = book.setdefault(key, {"groups": 0, "failed": 0, "max_stat": 0.0, "eps": tol.eps, "allowed": tol.allowed})
+            b["groups"] += 1
+            b["failed"] += int(failed)
+            b["max_stat"] = max(b["max_stat"], round(stat, 6))
 
     def _record(self, peer_id: str, backend: str, stats: GroupStats, failed: bool) -> None:
         """Keep a verified group's statistics: in the bounded history, the step's maxima and the
@@ -348,16 +380,21 @@ class Verifier:
         if z is not None:
             b["max_abs_z"] = max(b["max_abs_z"], z)
 
-    def take_metrics(self) -> dict[str, float]:
-        out = {"verify_groups": self.checked, "verify_skipped": self.skipped, "verify_failed": self.failed,
-               "verify_s": round(self.spent_s, 3), "verify_in_step_s": round(self.in_step_s, 3)}
+    def take_metrics(self) -> dict:
+        out: dict = {"verify_groups": self.checked, "verify_skipped": self.skipped, "verify_failed": self.failed,
+                     "verify_s": round(self.spent_s, 3), "verify_in_step_s": round(self.in_step_s, 3)}
         if self.checked:  # the cost of one verified group this step (skipped ones cost nothing to score)
             out["verify_s_per_group"] = round(self.spent_s / self.checked, 3)
         if self._step_max_diff is not None:  # the margins to the thresholds: this step's largest statistics
             out["verify_max_abs_diff"] = round(self._step_max_diff, 4)
         if self._step_max_z is not None:
             out["verify_max_abs_z"] = round(self._step_max_z, 3)
+        if self._step_draw:  # per class@precision: groups draw-checked, failed, largest statistic, tolerance
+            out["draw"] = self._step_draw
+            out["draw_groups"] = sum(b["groups"] for b in self._step_draw.values())
+            out["draw_failed"] = sum(b["failed"] for b in self._step_draw.values())
         self.spent_s, self.checked, self.skipped, self.failed, self.sampled = 0.0, 0, 0, 0, 0
         self.in_step_s = 0.0
         self._step_max_diff = self._step_max_z = None
+        self._step_draw = {}
         return out

@@ -87,7 +87,7 @@ def test_in_step_scores_are_the_separate_passes_and_cost_no_extra_forward(tmp_pa
     assert checks.judged == 2 and checks.fused == 2 and not checks.failed
     assert n_checked[0] == n_plain[0]  # one forward per micro-batch, checks included
     for gid in ("g1", "g2"):
-        for got, (lp, h, v) in zip(seen[gid], want[gid]):
+        for got, (lp, h, v, _d) in zip(seen[gid], want[gid]):
             np.testing.assert_allclose(got.logprobs, lp, atol=2e-3)
             np.testing.assert_allclose(got.entropy, h, atol=2e-3)
             np.testing.assert_allclose(got.variance, v, atol=5e-3)

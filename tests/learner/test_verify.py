@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from learner.verify import GroupStats, Scored, Verifier, group_stats, judge, wants_check
+from learner.verify import SKIPPED, GroupToCheck, GroupStats, Scored, Verifier, group_stats, judge, wants_check, VerifyConfig
 
 
 def policy(rng, steps, vocab=64, sharp=2.0):
@@ -84,21 +84,22 @@ def test_which_groups_are_checked(seen, frac, budget, u, want):
 
 
 def test_training_advances_the_weights_version_and_stale_groups_are_skipped():
-    cfg = types.SimpleNamespace(first_groups=2, sample_frac=0.0, budget_s_per_step=1.0,
+    cfg = VerifyConfig(first_groups=2, sample_frac=0.0, budget_s_per_step=1.0,
                                 max_mean_abs_diff={"default": 0.3}, max_abs_z=8.0)
     v = Verifier(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=3)
     step = v.exclusive(lambda batch: {"loss": 0.0})
     assert step([]) == {"loss": 0.0} and v.weights_version == 4
     assert v.score([1, 2], [[3]], version=3) is None  # v3 is gone: not scored against v4 weights
-    result = types.SimpleNamespace(version=3, completions=[types.SimpleNamespace(token_ids=[3], logprobs=[-1.0], mask=[])])
-    assert v.check_group("p", "llamacpp", [1, 2], result) is None
+    result = types.SimpleNamespace(group_id="g", version=3,
+                                   completions=[types.SimpleNamespace(token_ids=[3], logprobs=[-1.0], mask=[])])
+    assert v.check_groups([GroupToCheck("p", "llamacpp", "llamacpp", [1, 2], result)]) == [SKIPPED]
     assert v.take_metrics()["verify_skipped"] == 1 and v.take_metrics()["verify_skipped"] == 0
     assert [v.pick("p") for _ in range(3)] == [True, True, False]
     assert math.isclose(v.threshold("torch"), 0.3)
 
 
 def test_new_ids_cannot_spend_the_budget_that_samples_established_peers():
-    cfg = types.SimpleNamespace(first_groups=2, sample_frac=1.0, budget_s_per_step=5.0,
+    cfg = VerifyConfig(first_groups=2, sample_frac=1.0, budget_s_per_step=5.0,
                                 max_mean_abs_diff={"default": 0.3}, max_abs_z=8.0)
     v = Verifier(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0)
     v.group_s = 1.0  # one check costs a second
@@ -169,7 +170,7 @@ def test_group_scoring_matches_the_trainers_logprobs_for_ragged_completions(tmp_
     from learner.trainer import TrainSample
 
     trainer = tiny_trainer(tmp_path, share_prompt=share_prompt)
-    cfg = types.SimpleNamespace(first_groups=2, sample_frac=0.0, budget_s_per_step=0.0,
+    cfg = VerifyConfig(first_groups=2, sample_frac=0.0, budget_s_per_step=0.0,
                                 max_mean_abs_diff={"default": 0.3}, max_abs_z=8.0, surprisal_slack=0.2,
                                 precision=precision, torch_threads=1)
     v = Verifier(trainer=trainer, cfg=cfg, temperature=0.7, top_p=1.0, weights_version=0)
@@ -198,7 +199,7 @@ def test_the_training_step_takes_the_verifications_logprobs_instead_of_a_second_
     recomputed, and the step is the one it would have been; an optimizer step forgets them."""
     from learner.trainer import TrainSample
 
-    cfg = types.SimpleNamespace(first_groups=2, sample_frac=0.0, budget_s_per_step=0.0, max_mean_abs_diff={"default": 0.3},
+    cfg = VerifyConfig(first_groups=2, sample_frac=0.0, budget_s_per_step=0.0, max_mean_abs_diff={"default": 0.3},
                                 max_abs_z=8.0, surprisal_slack=0.2, precision="train", torch_threads=1)
     groups = {(5, 9, 17): [[40, 41, 42], [43, 44]], (6, 10): [[50, 51], [52, 53, 54, 55]]}
     batch = [TrainSample(list(p), c, [-2.0] * len(c), 1.0 if j else -1.0) for p, cs in groups.items()

@@ -17,7 +17,7 @@ from learner.checkpoint import open_problem_refs
 from learner.coordinator import COMPLETED, HELD, PENDING, TRAINED, Coordinator, GroupSpec, Limits
 from learner.service import LearnerService, Refused, SamplingDefaults, ServiceSettings
 from learner.steps import _wait_until
-from learner.verify import Scored, Verifier
+from learner.verify import Scored, Verifier, VerifyConfig
 from swarm.proto.hello import Hello
 from swarm.proto.rollouts import Completion, GroupResult, RolloutPush
 from swarm.proto.work import WorkRequest
@@ -33,7 +33,7 @@ class GatedScores(Verifier):
         self.gate, self.started = threading.Event(), threading.Event()
         self.fail_with: Exception | None = None
 
-    def _score(self, prompt_ids, completions):
+    def _score(self, prompt_ids, completions, uniforms=None, fp32=False):
         self.started.set()
         assert self.gate.wait(10), "the test never opened the gate"
         if self.fail_with is not None:
@@ -48,7 +48,7 @@ class GatedScores(Verifier):
 def setup(n_groups: int = 4, first_groups: int = 1) -> tuple[LearnerService, GatedScores]:
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(n_groups)])
-    cfg = types.SimpleNamespace(first_groups=first_groups, sample_frac=0.0, budget_s_per_step=0.0,
+    cfg = VerifyConfig(first_groups=first_groups, sample_frac=0.0, budget_s_per_step=0.0,
                                 max_mean_abs_diff={"default": 0.3}, max_abs_z=4.0, surprisal_slack=0.2)
     verifier = GatedScores(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0)
     svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",
@@ -91,8 +91,7 @@ def test_the_ack_comes_before_the_check_and_the_batch_waits_for_it():
             assert await trio.to_thread.run_sync(v.started.wait, 5)  # the check runs, blocked
             assert coord.ledger[g0] == HELD and coord.ready() == 0 and coord.completed_ids() == []
             assert svc.take_contributions() == {}  # credited once verified
-            # the node took new work and pushed it meanwhile; not picked (first_groups=1), but it
-            # waits for the node's outstanding check like the rest of that node's groups
+            # the node took new work and pushed it meanwhile: every group is checked before it trains
             g1, ack = await generate_and_push(svc, "A")
             assert ack.accepted_groups == 1 and coord.ledger[g1] == HELD and coord.ready() == 0
             # a sequential step's wait for its batch (learner/steps.py) sees neither until the check ends
@@ -112,7 +111,7 @@ def test_the_ack_comes_before_the_check_and_the_batch_waits_for_it():
             assert [g.peer_id for g in coord.take([g0, g1])] == ["A", "A"]
             assert svc.take_contributions() == {"A": 4}
             m = v.take_metrics()
-            assert m["verify_groups"] == 1 and m["verify_failed"] == 0
+            assert m["verify_groups"] == 2 and m["verify_failed"] == 0
             svc.finish()
         assert coord.counts() == {TRAINED: 2}
 
@@ -199,10 +198,10 @@ def test_the_end_of_the_run_does_not_wait_for_a_check_in_progress():
         v.gate.set()  # let the abandoned scoring thread end
 
 
-def test_pushes_that_queue_up_meanwhile_are_scored_together_and_judged_one_by_one():
-    """While one check runs, two other nodes' picked pushes queue up; the worker then scores both
-    in one pass of the verifier (one lock hold, one thread hop) and still judges each push on its
-    own: the honest one is released, the cheater untrusted."""
+def test_pushes_that_queue_up_meanwhile_are_checked_one_by_one_in_arrival_order():
+    """While one check runs, two other nodes' pushes queue up; the worker then checks each on its
+    own, in arrival order (so a training step can still take the latest ones for its own forward):
+    the honest one is released, the cheater untrusted."""
     svc, v = setup(n_groups=3)
     coord = svc.coordinator
     calls: list[int] = []
@@ -222,7 +221,7 @@ def test_pushes_that_queue_up_meanwhile_are_scored_together_and_judged_one_by_on
             with trio.fail_after(5):
                 while coord.ready() < 2 or "cheat" not in svc.admission.untrusted:
                     await svc.wait_changed()
-            assert calls == [1, 2]
+            assert calls == [1, 1, 1]
             assert coord.ledger[ga] == coord.ledger[gb] == COMPLETED and coord.ledger[gc] == PENDING
             assert svc.take_contributions() == {"A": 2, "B": 2}
             svc.finish()
