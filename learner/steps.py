@@ -125,6 +125,8 @@ async def sequential_step(ctx) -> dict[str, Any]:
     idle, t_wait = 0.0, t0
     while True:
         await _wait_until(ctx, ready, lambda: f"{sum(coord.ledger[g] in (COMPLETED, HELD) for g in ids)}/{len(ids)} groups")
+        if not ready():  # the verify worker took a push the step counted on while the wait ended
+            continue
         idle += time.perf_counter() - t_wait
         deferred = queue.take_for_step(ids, share) if queue is not None else []
         groups = coord.take(ids)

@@ -112,11 +112,12 @@ class VerifyConfig:
     #: ``torch-fp32@fp32``, ...): ``[eps, allowed]``, eps in probability mass. None may be wider than
     #: ``default@precision`` (the widest class); empty = the calibrated table.
     draw_tolerance: dict[str, list[float]] = field(default_factory=dict)
-    #: Seconds per learner step (on average; a step's credit is kept for up to 4 steps) that checks
-    #: made away from the training step may spend on peers none of whose groups passed a check yet.
-    #: Beyond it, such a peer's push is not checked: its groups are re-issued to others and it is
-    #: not blamed. So fresh ids cannot make the learner run forwards without bound.
-    newcomer_s_per_step: float = 20.0
+    #: Seconds per learner step (on average; a step's credit is kept for up to 2 steps) that checks
+    #: made away from the training step may spend on peers none of whose groups passed a check yet
+    #: (about 2 s per group of 8 x 64 tokens on one core). Beyond it, such a peer's push is not
+    #: checked: its groups are re-issued to others and it is not blamed. So fresh ids cannot make
+    #: the learner run forwards without bound.
+    newcomer_s_per_step: float = 5.0
 
     def validate(self) -> None:
         _require(0.0 <= self.sample_frac <= 1.0, f"verify.sample_frac must be in [0, 1], got {self.sample_frac}")
@@ -352,7 +353,7 @@ class Verifier:
             tol = self.tolerance(item.cls, precision)
             stat, why = judge_draw([s.draw for s in scored], tol)
             self._record_draw(f"{item.cls}@{precision}", stat, tol, failed=why is not None)
-            reason = reason or (None if why is None else f"draw check ({item.cls}, {precision}): {why}")
+            reason = reason if why is None else f"draw check ({item.cls}, {precision}): {why}"  # the exact evidence first
         if reason is not None:
             self.failed += 1
         self._record(item.peer_id, item.backend, stats, failed=reason is not None)

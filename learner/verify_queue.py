@@ -103,7 +103,7 @@ class VerifyQueue:
                  backend_of: Callable[[str], str], untrust: Callable[[str, str], None],
                  credit: Callable[[str, int], None], class_of: Callable[[str], str] = lambda peer: "default",
                  replay: Any = None, on_checked: Callable[[str, str, bool, str], None] | None = None,
-                 validators: Any = None, newcomer_s_per_step: float = 20.0) -> None:
+                 validators: Any = None, newcomer_s_per_step: float = 5.0) -> None:
         self.verifier = verifier
         self.coordinator = coordinator
         self.changes = changes
@@ -119,7 +119,7 @@ class VerifyQueue:
         #: Validator nodes (``learner.validator_desk.ValidatorDesk``: ``choose``, ``check_all``).
         self.validators = validators
         #: Seconds of the worker's checks for peers not yet proven, per step (``newcomer_s_per_step``).
-        self.newcomers = ReplayBudget(newcomer_s_per_step, keep_steps=4)
+        self.newcomers = ReplayBudget(newcomer_s_per_step, keep_steps=2)
         #: Peers with a push that passed every check (no longer newcomers) ...
         self.proven: set[str] = set()
         #: ... and peers with a strict check passed (their first groups need one where it exists).
