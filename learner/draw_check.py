@@ -110,7 +110,7 @@ def completion_uniforms(seed: int, lengths: Sequence[int], masks: Sequence[Seque
     NaN (no draw)."""
     from node_agents.episodes import turn_seed
 
-    seed = int(seed) % (1 << 64)
+    given, seed = int(seed), int(seed) % (1 << 64)
     out = []
     for j, n in enumerate(lengths):
         mask = masks[j] if masks is not None and j < len(masks) else None
@@ -126,7 +126,7 @@ def completion_uniforms(seed: int, lengths: Sequence[int], masks: Sequence[Seque
             end = at
             while end < n and mask[end]:
                 end += 1
-            rng = np.random.default_rng([seed, j]) if turn == 0 else np.random.default_rng([turn_seed(seed, j, turn), 0])
+            rng = np.random.default_rng([seed, j]) if turn == 0 else np.random.default_rng([turn_seed(given, j, turn), 0])
             us[at:end] = rng.random(end - at)
             turn, at = turn + 1, end
         out.append(us)

@@ -84,3 +84,22 @@ def test_multi_turn_uniforms_follow_each_turns_seed():
     # one uniform per token, whatever the batch: the stream a node's draws consume one at a time
     rng = completion_rngs(42, 1, 1)[0]
     assert np.array_equal(us[1], [rng.random() for _ in range(3)])
+
+
+def test_a_declaration_picks_a_class_and_never_a_tolerance_wider_than_the_widest():
+    from learner.draw_check import DRAW_TOLERANCES, draw_class, tolerance_for
+
+    assert draw_class("llamacpp", {"n_threads": "65"}) == "llamacpp"  # any build, threads or layout
+    assert draw_class("torch", {"dtype": "float32"}) == "torch-fp32"
+    assert draw_class("torch", {"dtype": "bfloat16"}) == "torch-lowp"
+    assert draw_class("mlx", {"dtype": "float32"}) == "mlx-fp32"
+    assert draw_class("torch", {}) == draw_class("vllm", {"dtype": "float32"}) == draw_class("torch", "junk") == "default"
+    assert draw_class("torch", {"dtype": "float32"}, stage=True) == "pipeline"
+    for prec in ("fp32", "bf16"):
+        widest = DRAW_TOLERANCES[f"default@{prec}"]
+        for cls in ("torch-fp32", "mlx-fp32", "torch-lowp", "mlx-lowp", "llamacpp", "pipeline", "default", "made-up"):
+            tol = tolerance_for(cls, prec)
+            assert tol.eps <= widest.eps and tol.allowed <= widest.allowed
+        # an operator's override may narrow a class, never widen it past the widest
+        assert tolerance_for("torch-fp32", prec, {f"torch-fp32@{prec}": DrawTolerance(0.9, 5)}) == widest
+    assert tolerance_for("torch-fp32", "fp32").eps < tolerance_for("torch-fp32", "bf16").eps
