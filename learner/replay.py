@@ -1,4 +1,4 @@
-"""Exact verification: a sampled group is generated again from its lease's seed on the node's own
+"""Exact verification: a picked group is generated again from its lease's seed on the node's own
 numerics, and the pushed tokens must be the replay's, token for token.
 
 Every completion's sampling is a pure function of the lease's seed and the logits
@@ -12,9 +12,9 @@ noise: 0 measured; the bound only absorbs float formatting).
 
 Pure parts here: the numerics a node declares (:func:`numerics_of`, strict: anything odd is "not
 replayable", never an error), how the learner reproduces them within its own bounds (:func:`replay_numerics`), the
-comparison (:func:`compare_group`) and the per-step budget (:class:`ReplayBudget`). Groups the
-learner cannot replay keep the statistical check (``learner.verify``) or go to validator peers
-(``learner.validators``).
+comparison (:func:`compare_group`) and the per-step budget (:class:`ReplayBudget`, also the
+validators' and the new peers' checks'). Every group, replayed or not, also gets the learner's draw
+check (``learner.draw_check``).
 """
 
 from __future__ import annotations

@@ -1,46 +1,29 @@
-"""Rollout verification: the learner re-scores a sample of pushed groups under the adapter version
-they claim, and refuses nodes whose rollouts were not sampled from that policy.
+"""Rollout verification: the learner checks every pushed group on its own logits under the adapter
+version the group claims, and refuses nodes whose rollouts were not drawn from that policy.
 
-For every verified group the learner runs its own model (the lease's version, the run's
-temperature) over prompt + completion and gets, at each model token t, the recomputed log-prob
-``lp_t`` of the token, the policy's entropy ``H_t`` and the variance ``V_t`` of the surprisal
-``-log p`` under the policy. The pass is the trainer's own (:meth:`learner.trainer.Trainer.token_stats`):
-the group's prompt once with its KV cache repeated over the completions, the training precision
-(``verify.precision``; bf16 autocast by default), all three figures from the same logits; the
-groups waiting for a check are scored together (:meth:`Verifier.score_groups`), with
-``verify.torch_threads`` threads (1: the checks run while the learner waits for rollouts, beside
-the nodes on a shared machine). Its log-probs stay with the trainer until its next optimizer step,
-so a training step that needs the policy's log-probs before it updates (the decoupled loss's
-proximal pass) takes them instead of a second forward. Two tests, both pure functions of those numbers (:func:`group_stats`,
-:func:`judge`):
+For a group the learner runs its own model (the group's version, the run's temperature) over
+prompt + completion (the trainer's pass, :meth:`learner.trainer.Trainer.token_stats`: the prompt
+once, its KV cache repeated over the completions; or the training step's own forward,
+:mod:`learner.step_check`) and gets, at each model token t, the recomputed log-prob ``lp_t``, the
+policy's entropy ``H_t``, the variance ``V_t`` of the surprisal ``-log p`` and the token's distance
+from the draw its uniform made, all from the same logits. Three tests, pure functions of those
+numbers (:func:`group_stats`, :func:`judge`, :func:`learner.draw_check.judge_draw`):
 
-1. **Claims** — ``mean |claimed_t - lp_t|`` over the group's model tokens must stay under a
-   per-backend threshold (``verify.max_mean_abs_diff``). Honest nodes differ only by their
-   numerics (llama.cpp on Q4_1 weights vs the learner's bf16 autocast); made-up log-probs, another
-   adapter or another model do not match.
-2. **Likelihood** — text that was really sampled from the policy at temperature T has
-   ``E[-log p(x_t)] = H_t`` and variance ``V_t`` at every step, so over the group
-   ``z = sum_t(-lp_t - H_t) / sqrt(sum_t V_t)`` is about standard normal (a martingale CLT; the
-   quantised node samples from a slightly different distribution, which shifts z a little:
-   hence a calibrated bound). Text a node wrote itself and scored honestly has claims that match
-   any recomputation, but it is far less (or, if it is greedy text, far more) likely than
-   sampled text: ``|z|`` grows like the square root of the tokens inserted. The test needs
-   ``top_p = 1`` and ``temperature > 0`` (otherwise only the claims are checked).
+1. **Draw** — every token against the uniform that chose it (``learner/draw_check.py``): at most
+   ``allowed`` tokens further than ``eps`` from their interval in the learner's CDF, per declared
+   class and precision (:meth:`Verifier.tolerance`). Catches text a node did not draw: greedy text,
+   inserted tokens, a payload; and, at a float32 class's tolerance, an adapter off the lease's.
+2. **Claims** — ``mean |claimed_t - lp_t|`` under a per-backend threshold
+   (``verify.max_mean_abs_diff``): made-up log-probs, another model.
+3. **Likelihood** — ``z = sum_t(-lp_t - H_t) / sqrt(sum_t V_t)`` beyond a calibrated slack
+   (``verify.max_abs_z``, ``verify.surprisal_slack``): text far less or more likely than samples.
 
-Which groups: all of a node's first ``verify.first_groups`` groups, then a ``verify.sample_frac``
-random fraction, within a per-step budget of seconds (``verify.budget_s_per_step``; the first
-groups of a new node are always checked). A group is verifiable while its version is the
-learner's current weights; a group of an older version (async mode, while training) is counted
-as ``verify_skipped``. A node that fails is untrusted for the rest of the run: its leases are
-revoked, its untrained groups are dropped (``unverified``) and re-issued to others, and it is
-refused at every later request (:mod:`learner.admission`).
-
-When: after the push is acknowledged. The push's groups are held (never trained) until its
-picked groups are checked by the service's background worker (:mod:`learner.verify_queue`), or,
-in sequential mode with ``verify.in_step`` (the default), by the training step that trains them,
-on its own forward (:mod:`learner.step_check`): one forward, not two; a failed push is not trained.
-
-Thresholds and their measurement: ``docs/security.md`` and ``bench/verify_calib.py``.
+Every group is checked (:mod:`learner.verify_queue` decides where); :meth:`Verifier.pick` chooses
+the groups that also get a strict check (a node's first ``verify.first_groups``, then
+``verify.sample_frac`` within ``verify.budget_s_per_step``). A group of an older version (async
+mode) is scored under that version's published adapter (``adapter_of``); one whose adapter is no
+longer kept is :data:`SKIPPED` (re-issued, not trained). A node that fails is untrusted for the rest
+of the run. Thresholds and their measurement: ``docs/security.md``, ``bench/verify_calib.py``.
 """
 
 from __future__ import annotations

@@ -189,7 +189,8 @@ class VerifyQueue:
     # -- the training step's share ------------------------------------------------------------
     def _stealable(self, item: PendingCheck, ids: set[str]) -> bool:
         held = self.coordinator.holding(item.hold_id)
-        return (not item.strict and item.after is None and item.peer_id in self.proven and bool(held)
+        after_ok = item.after is None or (item.after.done and item.after.passed)
+        return (not item.strict and after_ok and item.peer_id in self.proven and bool(held)
                 and set(held) <= ids and all(r.version == self.verifier.weights_version for _g, _p, r in item.picked))
 
     def step_ready(self, group_ids: list[str], share: int) -> bool:
