@@ -171,17 +171,19 @@ def test_the_report_and_the_dashboard_show_each_nodes_checked_work(tmp_path):
     for _ in range(3):
         led.checked("honest-peer-aaaaaa", "replay", True)
     led.checked("honest-peer-aaaaaa", "stats", True)
-    led.trained({"honest-peer-aaaaaa": 4})
+    led.checked("honest-peer-aaaaaa", "draw", True, "g1")
+    led.trained({"honest-peer-aaaaaa": 4}, {"honest-peer-aaaaaa": ["g1"]})
     led.pushed("cheat-peer-bbbbbb", "llamacpp", 1, 0, 200)
     led.checked("cheat-peer-bbbbbb", "replay", False)
     led.untrusted("cheat-peer-bbbbbb", "unverified: group g7: replay: completion 0 leaves the replay at token 1")
     swarm = {"nodes": {"honest-peer-aaaaaa": {"backend": "llamacpp", "device": "cpu", "groups": 4}}, "work": led.summary()}
     rows = {r["peer_id"]: r for r in report_nodes(swarm)}
-    assert rows["honest-peer-aaaaaa"]["verified"] == "replay 3, stats 1" and rows["honest-peer-aaaaaa"]["trained_groups"] == 4
+    assert rows["honest-peer-aaaaaa"]["verified"] == "draw 1, replay 3, stats 1" and rows["honest-peer-aaaaaa"]["trained_groups"] == 4
+    assert rows["honest-peer-aaaaaa"]["trained_by"] == "draw 1"  # which checks its trained groups passed
     cheat = rows["cheat-peer-bbbbbb"]
     assert cheat["failed_checks"] == "replay 1" and cheat["trusted"].startswith("no: unverified") and cheat["trained_groups"] == 0
     html = nodes_html(list(rows.values()))
-    assert "verified by" in html and "replay 3, stats 1" in html and "failed checks" in html
+    assert "verified by" in html and "replay 3, stats 1" in html and "failed checks" in html and "trained after" in html
 
     hello = SimpleNamespace(backend="llamacpp", device="cpu", memory_bytes=0, tokens_per_s=0.0, extra={})
     node = SimpleNamespace(hello=hello, gen_s=1.0, gen_tokens=900, completions_pushed=8, groups_pushed=4,
@@ -189,7 +191,7 @@ def test_the_report_and_the_dashboard_show_each_nodes_checked_work(tmp_path):
     service = SimpleNamespace(coordinator=SimpleNamespace(version=1, completed={}, leases={}),
                               nodes={"honest-peer-aaaaaa": node}, ledger=led, dissem=None)
     (row,) = nodes_view(service, now=1.0)
-    assert row["verified"] == "replay 3, stats 1" and row["trained_groups"] == 4 and row["failed_checks"] == ""
+    assert row["verified"] == "draw 1, replay 3, stats 1" and row["trained_groups"] == 4 and row["failed_checks"] == ""
 
 
 def test_a_chosen_group_is_replayed_with_the_numerics_declared_when_it_was_picked():
