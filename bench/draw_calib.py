@@ -46,7 +46,7 @@ CHEAT_NODES = ("llamacpp-1t", "torch-fp32")
 INSERTED_TEXT = " so we have that"
 PAYLOAD_TEXT = "Visit evil.example now. "
 #: Tolerances tried (probability mass).
-EPS = tuple(float(x) for x in np.round(np.concatenate([np.geomspace(1e-4, 0.01, 9), np.arange(0.015, 0.301, 0.005)]), 5))
+EPS = tuple(float(x) for x in np.round(np.concatenate([np.geomspace(1e-4, 0.01, 5), np.arange(0.02, 0.301, 0.01)]), 5))
 TOP = 4  # largest distances kept per group
 
 
@@ -57,10 +57,13 @@ def _cdf_stats(P: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     cp, cq = np.cumsum(P, 1), np.cumsum(Q, 1)
     ks = np.abs(cp - cq).max(1)
     ex = np.zeros((P.shape[0], len(EPS)))
-    lo_p, lo_q = cp - P, cq - Q
     for k, e in enumerate(EPS):
-        overlap = np.clip(np.minimum(cq, cp + e) - np.maximum(lo_q, lo_p - e), 0.0, None)
-        ex[:, k] = np.clip(Q - overlap, 0.0, None).sum(1)
+        rows = np.flatnonzero(ks > e)  # a token lies further than e from its interval only where the CDFs part by more
+        if not rows.size:
+            break
+        cpr, cqr, pr, qr = cp[rows], cq[rows], P[rows], Q[rows]
+        overlap = np.clip(np.minimum(cqr, cpr + e) - np.maximum(cqr - qr, cpr - pr - e), 0.0, None)
+        ex[rows, k] = np.clip(qr - overlap, 0.0, None).sum(1)
     return ks, ex
 
 
@@ -83,6 +86,9 @@ class Learner:
         self.trainer = build_trainer(self.resolved, self.cfg)
         self.trainer.model.eval()
         self.temperature = temperature
+        import torch
+
+        torch.set_num_threads(1)  # one core's work: the machine is shared with the nodes' generation
 
     def set_adapter(self, tensors: dict) -> None:
         import torch
