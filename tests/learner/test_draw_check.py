@@ -103,3 +103,41 @@ def test_a_declaration_picks_a_class_and_never_a_tolerance_wider_than_the_widest
         # an operator's override may narrow a class, never widen it past the widest
         assert tolerance_for("torch-fp32", prec, {f"torch-fp32@{prec}": DrawTolerance(0.9, 5)}) == widest
     assert tolerance_for("torch-fp32", "fp32").eps < tolerance_for("torch-fp32", "bf16").eps
+
+
+def test_multi_turn_uniforms_are_the_ones_the_nodes_episode_runner_draws(chatml_tokenizer):
+    """A sokoban episode group run by the node's own episode runner (``run_group_episodes``) with a
+    backend that draws one uniform per token from each call's generators and records them: the
+    draw check's uniforms of the pushed completions (from their masks) are exactly those."""
+    from node_agents.backends.base import SampledCompletion, SamplingParams
+    from node_agents.episodes import run_group_episodes
+    from tasks.base import Problem
+    from tasks.episode_tokens import episode_prompt
+    from tasks.sokoban import SokobanConfig, SokobanTask
+
+    drawn: dict[tuple[int, int], list[float]] = {}
+
+    class Drawing:
+        n_ctx, n_vocab, calls = 100_000, 100_000, 0
+
+        def generate_group(self, prompt_ids, n, params):
+            out = []
+            for j, rng in enumerate(completion_rngs(params.seed, 0, n)):
+                ids = chatml_tokenizer("Moves: L")["input_ids"][: params.max_tokens]
+                us = [rng.random() for _ in ids]  # one uniform per token, as sample_rows draws it
+                drawn.setdefault((params.seed, j), []).extend(us)
+                out.append(SampledCompletion(ids, [-0.5] * len(ids), "length"))
+            return out
+
+    task = SokobanTask(SokobanConfig(max_turns=3))
+    problem = Problem("corridor", "", 3, ("#######", "#@_$_.#", "#######"))
+    prompt = episode_prompt(task, chatml_tokenizer, problem)
+    seed = 12345
+    eps = run_group_episodes(Drawing(), chatml_tokenizer, task, problem, prompt, 3, SamplingParams(1.0, 1.0, 16, seed), 3,
+                             10_000)
+    assert all(ep.turns == 3 for ep in eps)
+    us = completion_uniforms(seed, [len(ep.token_ids) for ep in eps], [ep.mask for ep in eps])
+    for j, (ep, u) in enumerate(zip(eps, us)):
+        model = np.asarray(ep.mask, dtype=bool)
+        want = drawn[(seed, j)] + [x for t in (1, 2) for x in drawn[(turn_seed(seed, j, t), 0)]]
+        assert np.array_equal(u[model], want) and np.isnan(u[~model]).all()
