@@ -137,11 +137,16 @@ def check_unfused(first: Sequence[Any], checks: StepChecks, micro_batches: Calla
 
 def first_minibatch_order(groups: list[list[Any]], first: set[str], parts: int) -> list[list[list[Any]]]:
     """Split the batch's groups (lists of samples, batch order) into at most ``parts`` minibatches
-    of whole groups, as many groups in each as without checks, except that the groups in
-    ``first`` (by the ``group_id`` of their samples) all go into the first minibatch, ahead of
-    any other (it grows if they are more than its share)."""
+    of whole groups, as many groups in each as without checks. When the groups in ``first`` (by
+    the ``group_id`` of their samples) are among those the first minibatch holds without checks
+    (every ``parts``-th group from the first: the verify queue leaves exactly those to the step,
+    ``learner/verify_queue.py``), the split is the one without checks, so checks change nothing of
+    what each update trains; otherwise they all go into the first minibatch, ahead of any other
+    (it grows if they are more than its share)."""
     parts = max(1, min(parts, len(groups)))
     is_first = [bool(g) and getattr(g[0], "group_id", "") in first for g in groups]
+    if not any(is_first[k] for k in range(len(groups)) if k % parts):
+        return [groups[k::parts] for k in range(parts)]
     order = [g for g, f in zip(groups, is_first) if f] + [g for g, f in zip(groups, is_first) if not f]
     sizes = [len(range(k, len(groups), parts)) for k in range(parts)]
     sizes[0] = max(sizes[0], sum(is_first))

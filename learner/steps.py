@@ -103,11 +103,11 @@ async def _wait_ready(ctx, ready, describe, refill=None) -> None:
                         f"{len(ctx.service.nodes)} node(s) joined)")
 
 
-def first_share(cfg: LearnerConfig) -> int:
-    """Groups of a step's first minibatch: those its forward sees on the version they were made
-    with, so checks of them can run on it (``learner/step_check.py``)."""
-    n = cfg.train.prompts_per_step
-    return -(-n // max(1, min(cfg.train.minibatches, n)))
+def first_minibatch(cfg: LearnerConfig, ids: list[str]) -> list[str]:
+    """The groups of a step's first minibatch (``Trainer._minibatches``: every ``parts``-th from
+    the first): its forward sees them on the version they were made with, so their checks run on it
+    (``learner/step_check.py``)."""
+    return ids[::max(1, min(cfg.train.minibatches, len(ids)))]
 
 
 async def sequential_step(ctx) -> dict[str, Any]:
@@ -115,12 +115,13 @@ async def sequential_step(ctx) -> dict[str, Any]:
     gen0 = gen_seconds(ctx.service)
     ids = add_problems(ctx, ctx.cfg.train.prompts_per_step)
     coord, queue = ctx.coord, getattr(ctx.service, "checks", None)
-    share = first_share(ctx.cfg)
+    if queue is not None:
+        queue.reserve(first_minibatch(ctx.cfg, ids))
 
     def ready() -> bool:  # trainable, or held for a check this step makes on its forward
         if queue is None:
             return all(coord.ledger[g] == COMPLETED for g in ids)
-        return queue.step_ready(ids, share)
+        return queue.step_ready(ids)
 
     idle, t_wait = 0.0, t0
     while True:
@@ -128,13 +129,14 @@ async def sequential_step(ctx) -> dict[str, Any]:
         if not ready():  # the verify worker took a push the step counted on while the wait ended
             continue
         idle += time.perf_counter() - t_wait
-        deferred = queue.take_for_step(ids, share) if queue is not None else []
+        deferred = queue.take_for_step() if queue is not None else []
         groups = coord.take(ids)
         try:
             return await _train_and_publish(ctx, groups, t0, idle, gen0, deferred)
         except ChecksFailed as failed:  # nothing was trained: wait for the failed pushes' replacements
             coord.untake(groups)
             _settle(queue, deferred, failed.failed)  # untrusts their peers: their groups go to others
+            queue.reserve(first_minibatch(ctx.cfg, ids))
             ctx.console(f"learner: step {ctx.state.step + 1}: {len(failed.failed)} group(s) failed verification "
                         "on the training forward; training again once other nodes replace them")
             t_wait = time.perf_counter()

@@ -7,9 +7,11 @@ What each group gets:
 - **The learner's own check, always**: the claims, likelihood and draw tests
   (:meth:`learner.verify.Verifier.check_groups`, :mod:`learner.draw_check`) on the learner's logits
   under the group's own adapter version: on the training step's forward where that forward is on
-  the group's version (sequential mode, the groups the step takes at its start,
-  :meth:`VerifyQueue.take_for_step`), else on a no-grad forward made by the worker while the learner
-  waits for rollouts (:meth:`VerifyQueue.run`; an older version's published adapter in async mode).
+  the group's version (sequential mode: the groups the step's first minibatch holds anyway, pushed
+  by peers that passed a check before, left to the step by the worker, :meth:`VerifyQueue.reserve`,
+  :meth:`VerifyQueue.take_for_step`; the updates train what they would without checks), else on a
+  no-grad forward made by the worker while the learner waits for rollouts (:meth:`VerifyQueue.run`;
+  an older version's published adapter in async mode).
 - **A strict check, on a node's first groups and a sample of the rest**
   (:meth:`learner.verify.Verifier.pick`), where its class has one: an exact replay by the learner
   (llama.cpp CPU nodes it can reproduce, :mod:`learner.replay`), or the draw test on a float32
@@ -136,6 +138,8 @@ class VerifyQueue:
         self.open_strict: dict[str, PendingCheck] = {}
         #: Checked pushes waiting for an earlier strict one of their peer.
         self._waiting: list[PendingCheck] = []
+        #: The next training step's first-minibatch groups (:meth:`reserve`).
+        self.reserved: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -187,37 +191,40 @@ class VerifyQueue:
         return hold_id
 
     # -- the training step's share ------------------------------------------------------------
-    def _stealable(self, item: PendingCheck, ids: set[str]) -> bool:
+    def reserve(self, group_ids: list[str]) -> None:
+        """The groups the next training step's first minibatch holds (sequential mode): their
+        pushes, when the step can check them on its own forward (:meth:`take_for_step`), are left
+        to it by the worker, which checks the others first."""
+        self.reserved = set(group_ids)
+        self._added.set()
+
+    def _stealable(self, item: PendingCheck) -> bool:
         held = self.coordinator.holding(item.hold_id)
         after_ok = item.after is None or (item.after.done and item.after.passed)
-        return (not item.strict and after_ok and item.peer_id in self.proven and bool(held)
-                and set(held) <= ids and all(r.version == self.verifier.weights_version for _g, _p, r in item.picked))
+        return (self.verifier.in_step and not self.closed and not item.strict and after_ok
+                and item.peer_id in self.proven and bool(held) and set(held) <= self.reserved
+                and all(r.version == self.verifier.weights_version for _g, _p, r in item.picked))
 
-    def step_ready(self, group_ids: list[str], share: int) -> bool:
+    def step_ready(self, group_ids: list[str]) -> bool:
         """Whether a step may train ``group_ids`` now: every group trainable, or held by a queued
-        push that the step can check on its own forward (:meth:`take_for_step`), at most ``share``
-        groups of those (the first minibatch's groups: the rest is checked by the worker first)."""
-        ids, ledger, coord = set(group_ids), self.coordinator.ledger, self.coordinator
-        stealable = {g for item in self._items if self.verifier.in_step and not self.closed and self._stealable(item, ids)
-                     for g in coord.holding(item.hold_id)}
-        return len(stealable) <= share and all(ledger.get(g) == "completed" or g in stealable for g in group_ids)
+        push that the step checks on its own forward (:meth:`take_for_step`)."""
+        ledger = self.coordinator.ledger
+        stealable = {g for item in self._items if self._stealable(item) for g in self.coordinator.holding(item.hold_id)}
+        return all(ledger.get(g) == "completed" or g in stealable for g in group_ids)
 
-    def take_for_step(self, group_ids: list[str], share: int) -> list[PendingCheck]:
-        """The queued pushes the step about to train ``group_ids`` checks on its own forward (at
-        most ``share`` groups; the latest arrivals, which the worker has not reached), taken off the
-        queue: their groups become trainable for it, and it reports with :meth:`settle`."""
-        if not self.verifier.in_step or self.closed:
-            return []
-        ids, out, taken = set(group_ids), [], 0
-        for item in list(self._items):
-            n = len(self.coordinator.holding(item.hold_id))
-            if self._stealable(item, ids) and taken + n <= share:
-                self._items.remove(item)
-                item.started = item.done = True
-                item.completions = {g: c for g, c in item.completions.items() if g in self.coordinator.holding(item.hold_id)}
-                self.coordinator.release(item.hold_id)
-                out.append(item)
-                taken += n
+    def take_for_step(self) -> list[PendingCheck]:
+        """The queued pushes of the reserved groups (:meth:`reserve`) that the step about to train
+        them checks on its own forward, taken off the queue: their groups become trainable for it,
+        and it reports with :meth:`settle`."""
+        out = []
+        for item in [i for i in self._items if self._stealable(i)]:
+            self._items.remove(item)
+            item.started = item.done = True
+            held = self.coordinator.holding(item.hold_id)
+            item.completions = {g: c for g, c in item.completions.items() if g in held}
+            self.coordinator.release(item.hold_id)
+            out.append(item)
+        self.reserved = set()
         return out
 
     def settle(self, item: PendingCheck, failure: tuple[str, str] | None) -> None:
@@ -241,14 +248,20 @@ class VerifyQueue:
                 return
             async with trio.open_nursery() as nursery:
                 while True:
-                    while not self._items:
+                    item = self._next()
+                    while item is None:
                         self._added = trio.Event()
                         await self._added.wait()
-                    item = self._items.popleft()
+                        item = self._next()
+                    self._items.remove(item)
                     item.started = True
                     await self.check(item)
                     if item.validated and item.passed and self.validators is not None:
                         nursery.start_soon(self._follow_tips, item)  # never holds the push
+
+    def _next(self) -> PendingCheck | None:
+        """The oldest queued push the worker should check: one the next step will not check itself."""
+        return next((item for item in self._items if not self._stealable(item)), None)
 
     def new_step(self) -> dict[str, float]:
         """A learner step ended: the newcomers' budget gets its credit; this step's figures."""

@@ -44,6 +44,16 @@ def test_checked_groups_go_first_into_the_first_minibatch(ids, first, parts):
         assert [len(p) for p in out] == [len(range(k, len(ids), min(parts, len(ids)))) for k in range(len(out))]
 
 
+@pytest.mark.parametrize("first", [{"a"}, {"e"}, {"a", "e"}])
+def test_checks_of_the_groups_the_first_minibatch_holds_anyway_change_no_update(first):
+    """The verify queue leaves the step exactly the groups its first minibatch holds without
+    checks (every ``parts``-th): then every update trains the same groups in the same order as
+    without checks (``learner/verify_queue.py``; the default demo's learning is unchanged)."""
+    ids = ["a", "b", "c", "d", "e", "f", "g", "h"]
+    out = first_minibatch_order(fake_groups(ids), first, 4)
+    assert [[g[0].group_id for g in part] for part in out] == [["a", "e"], ["b", "f"], ["c", "g"], ["d", "h"]]
+
+
 def recorder(verdicts, seen):
     def make(gid):
         def judge(scored):

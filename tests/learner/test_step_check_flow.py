@@ -1,9 +1,9 @@
-"""The service's side of in-step verification (learner/verify_queue.py, learner/steps.py): the
-latest pushes of a proven peer, of the version the step trains from, are left to the training
-step's own forward (at most its first minibatch's groups) instead of the background worker; the
+"""The service's side of in-step verification (learner/verify_queue.py, learner/steps.py): pushes
+of a proven peer, of the version the step trains from, of the groups the step's first minibatch
+holds anyway, are left to the training step's own forward instead of the background worker; the
 step's wait counts them as ready; a pass credits the peer; a failure abandons the step, untrusts
-the peer and sends its groups to other nodes before the step trains again. A new peer's pushes
-and pushes of another version are checked by the worker."""
+the peer and sends its groups to other nodes before the step trains again. A new peer's pushes,
+pushes of another version and of the other minibatches' groups are checked by the worker."""
 
 from __future__ import annotations
 
@@ -39,12 +39,12 @@ async def prove(svc, v, *peers: str) -> list[str]:
     return out
 
 
-def run_step_checks(svc, ids, verdicts, share):
+def run_step_checks(svc, ids, verdicts):
     """What sequential_step does around the training call: take the queued pushes it checks and
     the groups, judge each as ``verdicts`` says (the training forward's part), then settle: on a
     failure the step is abandoned (groups untaken, failing peers untrusted)."""
     queue, coord = svc.checks, svc.coordinator
-    deferred = queue.take_for_step(ids, share)
+    deferred = queue.take_for_step()
     groups = coord.take(ids)
     checks = _step_checks(queue, deferred)
     failed = {c.group_id: verdicts[c.group_id] for c in (checks.checks if checks else []) if verdicts.get(c.group_id)}
@@ -54,7 +54,7 @@ def run_step_checks(svc, ids, verdicts, share):
     return deferred, checks, failed
 
 
-def test_a_proven_peers_latest_pushes_are_checked_on_the_steps_forward_not_by_the_worker():
+def test_a_proven_peers_pushes_of_the_first_minibatch_are_checked_on_the_steps_forward():
     svc, v = in_step_setup(n_groups=3)
     coord = svc.coordinator
 
@@ -63,10 +63,13 @@ def test_a_proven_peers_latest_pushes_are_checked_on_the_steps_forward_not_by_th
         g1, _ = await generate_and_push(svc, "A")
         g2, _ = await generate_and_push(svc, "A")
         assert coord.ledger[g1] == HELD and coord.ledger[g2] == HELD and len(svc.checks) == 2
-        assert not svc.checks.step_ready([g0, g1, g2], share=1)  # one of the two for the worker first
-        assert svc.checks.step_ready([g0, g1, g2], share=2)
+        svc.checks.reserve([g1])  # the step's first minibatch holds g1, not g2: the worker checks g2
+        assert not svc.checks.step_ready([g0, g1, g2])
+        assert svc.checks._next().picked[0][0] == g2
+        svc.checks.reserve([g1, g2])
+        assert svc.checks.step_ready([g0, g1, g2]) and svc.checks._next() is None  # both left to the step
         assert svc.take_contributions() == {"A": 2}
-        deferred, checks, failed = run_step_checks(svc, [g0, g1, g2], {}, share=2)
+        deferred, checks, failed = run_step_checks(svc, [g0, g1, g2], {})
         assert [d.peer_id for d in deferred] == ["A", "A"] and len(checks.checks) == 2 and not failed
         assert all(c.uniforms is not None and len(c.uniforms) == 2 for c in checks.checks)  # the draw check's
         assert not v.started.is_set()  # the worker never scored them
@@ -87,7 +90,8 @@ def test_a_failed_in_step_check_untrusts_and_its_groups_go_to_other_nodes():
         ga, gb = await prove(svc, v, "A", "B")
         g1, _ = await generate_and_push(svc, "A")
         g2, _ = await generate_and_push(svc, "B")
-        deferred, checks, failed = run_step_checks(svc, [ga, gb, g1, g2], {g1: "made up"}, share=2)
+        svc.checks.reserve([g1, g2])
+        deferred, checks, failed = run_step_checks(svc, [ga, gb, g1, g2], {g1: "made up"})
         assert failed == {g1: "made up"} and len(deferred) == 2
         assert coord.ledger[ga] == PENDING and coord.ledger[g1] == PENDING  # A's: to other nodes
         assert coord.ledger[gb] == COMPLETED and coord.ledger[g2] == COMPLETED  # B's: the next attempt's
@@ -106,10 +110,12 @@ def test_new_peers_and_pushes_of_another_version_are_left_to_the_worker():
     async def main() -> None:
         await join(svc, "N")
         g0, _ = await generate_and_push(svc, "N")  # a new peer: the worker checks it first
-        assert not svc.checks.step_ready([g0], share=8) and svc.checks.take_for_step([g0], 8) == []
+        svc.checks.reserve([g0])
+        assert not svc.checks.step_ready([g0]) and svc.checks.take_for_step() == []
         (ga,) = await prove(svc, v, "A")
         v.weights_version = 5  # A's next push claims version 0: not what the next step trains from
         g1, _ = await generate_and_push(svc, "A")
-        assert not svc.checks.step_ready([ga, g1], share=8) and coord.ledger[g1] == HELD
+        svc.checks.reserve([ga, g1])
+        assert not svc.checks.step_ready([ga, g1]) and coord.ledger[g1] == HELD
 
     trio.run(main)
