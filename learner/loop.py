@@ -19,7 +19,7 @@ from typing import Callable
 import trio
 
 from common.model_cache import cache_root
-from learner.adapter_versions import AdapterVersions
+from learner.adapter_versions import KEEP_ADAPTER_VERSIONS, AdapterVersions
 from learner.admission import ReadAccess, build_admission
 from learner.buffer import ReplayBuffer
 from learner.checkpoint import (LoopState, load_open_problems, load_state, open_problem_refs, reissue_specs,
@@ -142,7 +142,9 @@ async def run_learner(
         model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, cfg.model.name,
                                               cache_root(cfg.model.cache_dir or None), access=access)
         console(f"learner: base model {cfg.model.name} sha256 {model_serve.content_sha256[:12]}")
-        versions, ledger = AdapterVersions(), WorkLedger()
+        # every version a group may still be trained from is kept: its groups are checked under it
+        versions = AdapterVersions(keep=max(KEEP_ADAPTER_VERSIONS, cfg.sync.max_staleness + 2))
+        ledger = WorkLedger()
         if verifier is not None:  # async groups of an older version: scored under its published adapter
             verifier.adapter_of = lambda v: versions.get(v).to_adapter().tensors if v in versions else None
         replay = build_replay(cfg, resolved.gguf_path, versions, nodes)  # exact checks (learner/replay.py)
