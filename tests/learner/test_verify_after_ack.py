@@ -227,3 +227,37 @@ def test_pushes_that_queue_up_meanwhile_are_checked_one_by_one_in_arrival_order(
             svc.finish()
 
     trio.run(main)
+
+
+def test_checks_of_new_peers_spend_their_budget_and_never_more():
+    """Fresh ids each push a group: the worker checks new peers' pushes while the step's budget for
+    them (``verify.newcomer_s_per_step``) lasts; beyond it a new peer's push is re-issued unchecked
+    (nobody blamed, not handed back to it, nothing trained), while a proven peer's are checked."""
+    svc, v = setup(n_groups=6)
+    svc.checks.newcomers = type(svc.checks.newcomers)(1e-6, keep_steps=1)  # about one check
+    coord = svc.coordinator
+    v.gate.set()
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(svc.verify_loop)
+            await join(svc, "A", "fresh-1", "fresh-2")
+            ga, _ = await generate_and_push(svc, "A")
+            with trio.fail_after(5):
+                while coord.ledger[ga] != COMPLETED:
+                    await svc.wait_changed()
+            g1, _ = await generate_and_push(svc, "fresh-1")
+            g2, _ = await generate_and_push(svc, "fresh-2")
+            with trio.fail_after(5):
+                while HELD in (coord.ledger[g1], coord.ledger[g2]):
+                    await svc.wait_changed()
+            assert coord.ledger[g1] == coord.ledger[g2] == PENDING  # the budget was A's: re-issued unchecked
+            assert "fresh-1" in coord.refused_by[g1] and not svc.admission.untrusted
+            assert svc.checks.new_step() == {"verify_unchecked": 2}
+            g3, _ = await generate_and_push(svc, "A")  # a proven peer is checked whatever the budget
+            with trio.fail_after(5):
+                while coord.ledger[g3] != COMPLETED:
+                    await svc.wait_changed()
+            svc.finish()
+
+    trio.run(main)
