@@ -25,7 +25,7 @@ def measure_cost(groups: int, group_size: int, max_tokens: int) -> dict:
     from learner.replay import numerics_of
     from learner.replay_llamacpp import LlamaCppReplay
     from learner.trainer_build import build_trainer
-    from learner.verify import Verifier
+    from learner.verify import GroupToCheck, Verifier
     from learner.work_desk import SamplingDefaults
     from node_agents.backends.base import SamplingParams
     from node_agents.backends.llamacpp import LlamaCppBackend
@@ -43,7 +43,7 @@ def measure_cost(groups: int, group_size: int, max_tokens: int) -> dict:
     declared = numerics_of("llamacpp", node.numerics())
     t = cfg.train
     replay = LlamaCppReplay(cfg.replay, gguf, SamplingDefaults(t.temperature, t.top_p, max_tokens, t.seed),
-                            numerics_of=lambda peer: declared, adapter_of=lambda v: adapter, first_groups=0).open()
+                            numerics_of=lambda peer: declared, adapter_of=lambda v: adapter).open()
     verifier = Verifier(trainer, cfg.verify, t.temperature, t.top_p, weights_version=0)
     times: dict[str, list[float]] = {"replay": [], "stats": []}
     verdicts: dict[str, list] = {"replay": [], "stats": []}
@@ -61,7 +61,7 @@ def measure_cost(groups: int, group_size: int, max_tokens: int) -> dict:
             if name == "replay":
                 verdicts[name] += replay.check_groups([("node", gid, prompt, result)])
             else:
-                verdicts[name] += verifier.check_groups([("node", "llamacpp", prompt, result)])
+                verdicts[name] += verifier.check_groups([GroupToCheck("node", "llamacpp", "llamacpp", prompt, result)])
             times[name].append(time.perf_counter() - t0)
         print(f"group {gi + 1}/{groups}: replay {times['replay'][-1]:.2f} s, re-scoring {times['stats'][-1]:.2f} s",
               flush=True)

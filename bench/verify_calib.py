@@ -3,6 +3,8 @@ for honest nodes (llama.cpp on the Q4_1 GGUF, torch fp32) and for cheating ones,
 learner's model exactly as a run scores them (the trainer's pass at its precision, bf16 autocast
 by default; ``--compare-fp32`` scores every group in float32 as well).
 
+``python -m bench.verify_calib --draw ...`` calibrates the draw check instead (``bench/draw_calib.py``).
+
 ``python -m bench.verify_calib --groups 24 --out runs/verify_calib.json`` prints, per kind of
 node, the mean |claimed - recomputed| log-prob per token and the surprisal z of every group, with
 min / median / max, and writes them to JSON. Cheating kinds (all with the run's prompts):
@@ -122,6 +124,11 @@ def run(groups: int, group_size: int, max_tokens: int, temperature: float, kinds
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--draw" in argv:  # the draw check's calibration (bench/draw_calib.py)
+        from bench.draw_calib import main as draw_main
+
+        return draw_main([a for a in argv if a != "--draw"])
     p = argparse.ArgumentParser(prog="python -m bench.verify_calib", description=__doc__.split("\n\n")[0])
     p.add_argument("--groups", type=int, default=24)
     p.add_argument("--group-size", type=int, default=8)

@@ -1,6 +1,8 @@
 """What rollout verification costs: per verified group, and over the default demo with it on and off.
 
-Two parts (``swarm-bench verify-cost per-group`` / ``swarm-bench verify-cost demo``):
+Three parts (``swarm-bench verify-cost per-group`` / ``demo`` / ``summary --run-dir RUN``, the last
+for any finished run: its draw checks per class, largest statistic against the tolerance, and the
+checks' seconds per step):
 
 - ``per-group``: the learner's default model and trainer (``[train]`` defaults), groups of the
   default task's prompts with completions of ``--tokens`` tokens. Times the re-scoring of one
@@ -39,7 +41,8 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("part", choices=("per-group", "demo"), help="what to measure")
+    p.add_argument("part", choices=("per-group", "demo", "summary"), help="what to measure (summary: a finished run's checks)")
+    p.add_argument("--run-dir", type=Path, default=None, help="summary: the run directory (its metrics.jsonl and swarm.json)")
     p.add_argument("--groups", type=int, default=8, help="per-group: groups timed (and trained on in one step)")
     p.add_argument("--group-size", type=int, default=8, help="per-group: completions per group")
     p.add_argument("--tokens", type=int, default=48, help="per-group: tokens per completion")
@@ -149,17 +152,22 @@ def per_group(args) -> dict:
           + f"; training step on {len(groups)} groups {step_s:.1f}s ({train_threads} threads); "
           f"|lp after - fp32| max {d.max():.4f} mean {d.mean():.5f} ({load()})")
     print(f"in the training step: {in_step['seconds_per_group_own']:.3f}s per checked group of its own work "
-          f"({100 * in_step['fraction_of_step_own']:.2f}% of a step), step {in_step['step_plain_s']:.2f}s -> "
-          f"{in_step['step_checked_s']:.2f}s with {in_step['checked_groups']} checked "
-          f"({in_step['seconds_per_group_step_delta']:+.3f}s per group) ({load()})")
+          f"({100 * in_step['fraction_of_step_own']:.2f}% of a step), {in_step['seconds_per_group_own_draw']:.3f}s with "
+          f"the draw check ({100 * in_step['fraction_of_step_own_draw']:.2f}% of a step; every group of the step: "
+          f"{100 * in_step['fraction_of_step_all_checked_draw']:.2f}%), step {in_step['step_plain_s']:.2f}s -> "
+          f"{in_step['step_checked_s']:.2f}s with {in_step['checked_groups']} checked, {in_step['step_draw_s']:.2f}s "
+          f"with the draw check ({in_step['seconds_per_group_step_delta_draw']:+.3f}s per group) ({load()})")
     return res
 
 
 def time_in_step(trainer, groups, args, repeats: int = 3) -> dict:
     """The check made on the training step's own forward (``verify.in_step``): training steps on
-    the same groups without and with ``--checked`` of them verified in the step, alternated
-    ``repeats`` times; the checks' own seconds (statistics and verdict) per group, and the step
-    time difference per checked group (both: what verification adds to a step)."""
+    the same groups without checks, with ``--checked`` of them verified in the step by the claims
+    and likelihood tests alone, and with the draw check too (``learner/draw_check.py``: each
+    token's distance from the uniform that drew it), alternated ``repeats`` times; the checks' own
+    seconds (statistics, distances and verdict) per group, and the step time difference per checked
+    group (both: what verification adds to a step)."""
+    from learner.draw_check import completion_uniforms
     from learner.step_check import GroupCheck, StepChecks
     from learner.trainer import TrainSample
     from learner.verify import group_stats
@@ -171,24 +179,37 @@ def time_in_step(trainer, groups, args, repeats: int = 3) -> dict:
     def verdict(comps):  # the real statistics, then a pass (a failed group would skip its backward)
         return lambda scored: (group_stats([[-1.0] * len(c) for c in comps], [[] for _ in comps], scored, True), None)[1]
 
-    plain, checked, own, fused = [], [], [], 0
+    def checks(draw: bool) -> StepChecks:
+        return StepChecks([GroupCheck(f"g{i}", len(groups[i][1]), verdict(groups[i][1]),
+                                      completion_uniforms(i, [len(c) for c in groups[i][1]]) if draw else None)
+                           for i in range(k)])
+
+    times: dict[str, list[float]] = {"plain": [], "stats": [], "draw": []}
+    own: dict[str, list[float]] = {"stats": [], "draw": []}
+    fused = 0
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        trainer.train_step(batch)
-        plain.append(time.perf_counter() - t0)
-        checks = StepChecks([GroupCheck(f"g{i}", len(groups[i][1]), verdict(groups[i][1])) for i in range(k)])
-        t0 = time.perf_counter()
-        trainer.train_step(batch, checks=checks)
-        checked.append(time.perf_counter() - t0)
-        own.append(checks.seconds / max(checks.judged, 1))
-        fused = checks.fused
-        print(f"  in-step: step {plain[-1]:.2f}s plain, {checked[-1]:.2f}s with {k} checked group(s) "
-              f"({fused} on the training forward), checks' own {own[-1]:.3f}s/group ({load()})", flush=True)
-    p, c = statistics.median(plain), statistics.median(checked)
-    return {"checked_groups": k, "fused": fused, "step_plain_s": round(p, 2), "step_checked_s": round(c, 2),
-            "seconds_per_group_own": round(statistics.median(own), 3),
-            "seconds_per_group_step_delta": round((c - p) / k, 3),
-            "fraction_of_step_own": round(statistics.median(own) / p, 4)}
+        for arm in ("plain", "stats", "draw"):
+            c = None if arm == "plain" else checks(arm == "draw")
+            t0 = time.perf_counter()
+            trainer.train_step(batch, checks=c)
+            times[arm].append(time.perf_counter() - t0)
+            if c is not None:
+                own[arm].append(c.seconds / max(c.judged, 1))
+                fused = c.fused
+        print(f"  in-step: step {times['plain'][-1]:.2f}s plain, {times['stats'][-1]:.2f}s with {k} checked group(s), "
+              f"{times['draw'][-1]:.2f}s with the draw check too ({fused} on the training forward); checks' own "
+              f"{own['stats'][-1]:.3f}s/group, {own['draw'][-1]:.3f}s/group with the draw check ({load()})", flush=True)
+    p = statistics.median(times["plain"])
+    med = {arm: statistics.median(v) for arm, v in times.items()}
+    own_med = {arm: statistics.median(v) for arm, v in own.items()}
+    return {"checked_groups": k, "fused": fused, "step_plain_s": round(p, 2), "step_checked_s": round(med["stats"], 2),
+            "step_draw_s": round(med["draw"], 2),
+            "seconds_per_group_own": round(own_med["stats"], 3), "seconds_per_group_own_draw": round(own_med["draw"], 3),
+            "seconds_per_group_step_delta": round((med["stats"] - p) / k, 3),
+            "seconds_per_group_step_delta_draw": round((med["draw"] - p) / k, 3),
+            "fraction_of_step_own": round(own_med["stats"] / p, 4),
+            "fraction_of_step_own_draw": round(own_med["draw"] / p, 4),
+            "fraction_of_step_all_checked_draw": round(own_med["draw"] * len(groups) / p, 4)}
 
 
 # -- demo on / off ------------------------------------------------------------------------------
@@ -204,7 +225,26 @@ def arm_summary(rows: list[dict], target: float) -> dict:
             "verify_groups": vg, "verify_failed": sum(r.get("verify_failed", 0) for r in rows),
             "verify_s": round(sum(vs), 1), "verify_s_per_group": round(sum(vs) / vg, 3) if vg else None,
             "train_s_median": round(statistics.median(r["train_s"] for r in rows), 2),
-            "wait_s_median": round(statistics.median(r.get("time_wait_s", r.get("learner_idle_s", 0.0)) for r in rows), 2)}
+            "wait_s_median": round(statistics.median(r.get("time_wait_s", r.get("learner_idle_s", 0.0)) for r in rows), 2),
+            # the checks made inside the training step (vector work on its logits) and beside it
+            # (no-grad forwards of the groups the step's forward does not see on their version)
+            "in_step_s_median": round(statistics.median(r.get("verify_in_step_s", 0.0) for r in rows), 3),
+            "background_s_median": round(statistics.median(r.get("time_verify_s", 0.0) for r in rows), 3),
+            "replay_s": round(sum(r.get("replay_s", 0.0) for r in rows), 1),
+            "draw": draw_by_class(rows)}
+
+
+def draw_by_class(rows: list[dict]) -> dict:
+    """Per ``class@precision`` over a run's rows: groups draw-checked, failed, the largest group
+    statistic and the tolerance it was judged against."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        for key, b in (r.get("draw") or {}).items():
+            o = out.setdefault(key, {"groups": 0, "failed": 0, "max_stat": 0.0, "eps": b["eps"], "allowed": b["allowed"]})
+            o["groups"] += b["groups"]
+            o["failed"] += b["failed"]
+            o["max_stat"] = max(o["max_stat"], b["max_stat"])
+    return out
 
 
 def evaluate(adapter: Path, n: int, seed: int, out: Path) -> dict:
@@ -273,13 +313,50 @@ def table(res: dict, target: float) -> str:
     if "training_s" in res.get("on", {}) and "training_s" in res.get("off", {}):
         on, off = res["on"], res["off"]
         lines.append("")
+        lines.append(f"checks per step (median): {on['in_step_s_median']}s in the training step against a training "
+                     f"step of {on['train_s_median']}s ({100 * on['in_step_s_median'] / on['train_s_median']:.2f}%), "
+                     f"{on['background_s_median']}s beside it; draw check per class: {on['draw']}")
         lines.append(f"training time on/off {on['training_s'] / off['training_s']:.3f}; time to {target} on/off "
                      + (f"{on['reach_s'] / off['reach_s']:.3f}" if on["reach_s"] and off["reach_s"] else "n/a")
                      + f"; same per-step rewards: {on['rewards'] == off['rewards']}")
     return "\n".join(lines)
 
 
+def summary(run_dir: Path) -> dict:
+    """What a finished run's checks found and cost (``swarm-bench verify-cost summary --run-dir``):
+    per ``class@precision`` the groups draw-checked, failed, the largest group statistic against the
+    tolerance; per node the checks its groups passed and failed and what its trained groups passed;
+    the checks' seconds per step inside and beside the training step."""
+    from learner.metrics import read_metrics
+
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    swarm = json.loads((run_dir / "swarm.json").read_text()) if (run_dir / "swarm.json").exists() else {}
+    work = {p[-6:]: {k: w.get(k) for k in ("backend", "groups_trained", "verified", "failed", "trained_by", "untrusted")}
+            for p, w in swarm.get("work", {}).items()}
+    out = {"steps": len(rows), "draw": draw_by_class(rows), "nodes": work,
+           "flagged": sum(r.get("verify_failed", 0) + r.get("replay_failed", 0) for r in rows),
+           "in_step_s_per_step": round(statistics.median(r.get("verify_in_step_s", 0.0) for r in rows), 3),
+           "background_s_per_step": round(statistics.median(r.get("time_verify_s", 0.0) for r in rows), 3),
+           "train_s_per_step": round(statistics.median(r["train_s"] for r in rows), 2),
+           "replay_groups": sum(r.get("replay_groups", 0) for r in rows),
+           "rewards": [round(r["reward_mean"], 3) for r in rows]}
+    out["in_step_fraction_of_train"] = round(out["in_step_s_per_step"] / out["train_s_per_step"], 4)
+    for key, b in out["draw"].items():
+        print(f"{run_dir.name}: {key}: {b['groups']} groups checked, {b['failed']} failed, largest statistic "
+              f"{b['max_stat']:.4g} against {b['eps']} (allowed {b['allowed']})")
+    print(json.dumps({k: v for k, v in out.items() if k != "draw"}))
+    return out
+
+
 def run(args) -> None:
+    if args.part == "summary":
+        if args.run_dir is None:
+            raise SystemExit("swarm-bench verify-cost summary: --run-dir is required")
+        res = summary(args.run_dir)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"summary_{args.run_dir.name}.json").write_text(json.dumps(res, indent=1))
+        return
     if args.part == "per-group":
         res = per_group(args)
         if args.out:

@@ -313,12 +313,15 @@ class Coordinator:
         """The hold passed verification: its groups still held become completed. Returns them."""
         return self.hold_book.release(hold_id)
 
-    def discard_hold(self, hold_id: str, reason: str) -> list[str]:
+    def discard_hold(self, hold_id: str, reason: str, not_to: str | None = None) -> list[str]:
         """The hold could not be verified: its groups still held are thrown away (dropped for
-        ``reason``) and pending again at the front of the queue, for any peer. Returns them."""
+        ``reason``) and pending again at the front of the queue, for any peer but ``not_to``.
+        Returns them."""
         gids = self.holding(hold_id)
         for gid in reversed(gids):
             self._discard(gid, reason)
+            if not_to is not None:
+                self.refused_by.setdefault(gid, set()).add(not_to)
         return gids
 
     def untake(self, groups: list[CompletedGroup]) -> list[str]:

@@ -10,7 +10,8 @@ language-model head's vocabulary-sized matmul never runs on prompt tokens:
 
 :func:`token_rows` turns one group's temperature-scaled log-softmax into what rollout verification
 reads (:mod:`learner.verify`): per token the log-prob of the sampled token, the policy's entropy and
-the variance of the surprisal, all from the same numbers.
+the variance of the surprisal, all from the same numbers, and the token's distance from the draw its
+uniform made (:mod:`learner.draw_check`).
 """
 
 from __future__ import annotations
@@ -61,11 +62,17 @@ def completion_logits(model: Any, device: torch.device, t: dict[str, torch.Tenso
 
 
 def token_rows(scores: torch.Tensor, targets: torch.Tensor, lengths: Sequence[int],
-               inv_temperature: float | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+               inv_temperature: float | None = None, uniforms: Sequence[np.ndarray] | None = None,
+               top_p: float = 1.0) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]]:
     """Per completion i (its first ``lengths[i]`` tokens), from ``scores`` [n, T, V] and ``targets``
-    [n, T]: the token's log-prob ``lp_t``, the entropy ``H_t`` and the surprisal variance ``V_t``
-    (float64 arrays). ``scores`` is the temperature-scaled log-softmax, or raw logits when
-    ``inv_temperature`` is given (then each row's log-softmax is taken here, one at a time)."""
+    [n, T]: the token's log-prob ``lp_t``, the entropy ``H_t``, the surprisal variance ``V_t``
+    (float64 arrays) and, when ``uniforms`` (the uniform each token was drawn with,
+    :func:`learner.draw_check.completion_uniforms`) are given, the token's distance from its draw
+    (:func:`learner.draw_check.draw_distances`; else None). ``scores`` is the temperature-scaled
+    log-softmax, or raw logits when ``inv_temperature`` is given (then each row's log-softmax is
+    taken here, one at a time)."""
+    from learner.draw_check import draw_distances
+
     out = []
     with torch.no_grad():
         for i, n in enumerate(lengths):  # row by row: a few [T_i, V] temporaries at a time
@@ -75,5 +82,6 @@ def token_rows(scores: torch.Tensor, targets: torch.Tensor, lengths: Sequence[in
             lp = logp.gather(1, targets[i, :n, None])[:, 0]
             h = -(p * logp).sum(-1)
             e2 = (p * logp * logp).sum(-1)
-            out.append((lp.double().cpu().numpy(), h.double().cpu().numpy(), (e2 - h * h).double().cpu().numpy()))
+            d = None if uniforms is None else draw_distances(logp, targets[i, :n], uniforms[i], top_p, probs=p)
+            out.append((lp.double().cpu().numpy(), h.double().cpu().numpy(), (e2 - h * h).double().cpu().numpy(), d))
     return out

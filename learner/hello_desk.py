@@ -26,6 +26,7 @@ from learner.admission import Admission
 from swarm.changes import Changes
 from learner.coordinator import Coordinator
 from learner.dissem import LearnerDissem
+from learner.draw_check import draw_class
 from learner.model_serve import HELLO_MODEL_NAME_KEY, LearnerModelServe, hello_model_check
 from learner.pipelines import Candidate, PipelineManager
 from learner.replay import numerics_of
@@ -103,7 +104,8 @@ class HelloDesk:
             return self.refusal(str(e))
         self.sweep(now)
         klass = None if candidate.model is not None else device_class(msg.backend, msg.device, msg.extra)
-        known = self.roster.admit(peer_id, msg, now, klass=klass, stage_model=candidate.model,
+        draw = draw_class(msg.backend, msg.extra, msg.extra.get("stage") == "1")
+        known = self.roster.admit(peer_id, msg, now, klass=klass, stage_model=candidate.model, draw_klass=draw,
                                   numerics=numerics_of(msg.backend, msg.extra))
         if known:  # a node that re-joins has lost whatever it was generating
             self.coordinator.release_peer(peer_id)

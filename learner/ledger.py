@@ -1,6 +1,6 @@
 """The ledger of work per node, for crediting volunteers with work that was checked: groups pushed,
-rejected, verified (by which test: ``replay``, ``stats``, ``validator``; and failed), trained, and
-tokens generated. It outlives a node's entry in the service (an untrusted or forgotten node keeps
+rejected, verified (by which test: ``draw``, ``fp32``, ``replay``, ``validator``; and failed), trained
+(and which checks each trained group passed), and tokens generated. It outlives a node's entry in the service (an untrusted or forgotten node keeps
 its line, with the reason it was untrusted), and goes into ``swarm.json`` (``"work"``), the
 dashboard's node rows and ``swarm-learner report``.
 
@@ -14,8 +14,14 @@ from dataclasses import asdict, dataclass, field
 
 #: Most peers the ledger keeps a line for.
 MAX_PEERS = 10_000
-#: The checks a group can pass or fail (``skipped``: picked, but its version was gone by then).
-TESTS = ("replay", "stats", "validator", "skipped")
+#: The checks a group can pass or fail: ``draw`` (the learner's claims, likelihood and draw tests on
+#: its logits, ``learner/draw_check.py``), ``fp32`` (the same on a float32 forward), ``replay`` (the
+#: learner's exact replay), ``validator`` (a validator's replay agreed: a tip, never a verdict),
+#: ``stats`` (the claims and likelihood tests alone, the draw check off), ``skipped`` (its version
+#: was gone by then: not trained).
+TESTS = ("draw", "fp32", "replay", "validator", "stats", "skipped")
+#: Most groups whose passed checks are remembered until they are trained.
+MAX_GROUP_CHECKS = 100_000
 
 
 @dataclass
@@ -32,6 +38,9 @@ class NodeWork:
     #: Groups that passed each test, and groups that failed each.
     verified: dict[str, int] = field(default_factory=dict)
     failed: dict[str, int] = field(default_factory=dict)
+    #: Trained groups by the checks each passed before it trained (``draw+replay``: 3); ``none``
+    #: would be a group trained unchecked.
+    trained_by: dict[str, int] = field(default_factory=dict)
     #: Why the node was untrusted ("" while trusted).
     untrusted: str = ""
 
@@ -43,6 +52,8 @@ class WorkLedger:
     def __init__(self, max_peers: int = MAX_PEERS) -> None:
         self.max_peers = max_peers
         self.nodes: dict[str, NodeWork] = {}
+        #: Group id -> the checks it passed, until it is trained (at most ``MAX_GROUP_CHECKS``).
+        self.group_checks: dict[str, set[str]] = {}
 
     def _line(self, peer_id: str, backend: str = "") -> NodeWork:
         line = self.nodes.get(peer_id)
@@ -66,17 +77,27 @@ class WorkLedger:
         line.groups_rejected += rejected
         line.tokens_generated += max(int(tokens), 0)
 
-    def checked(self, peer_id: str, test: str, passed: bool) -> None:
-        """One group of ``peer_id`` went through ``test`` (one of :data:`TESTS`)."""
+    def checked(self, peer_id: str, test: str, passed: bool, group_id: str = "") -> None:
+        """One group of ``peer_id`` (``group_id``) went through ``test`` (one of :data:`TESTS`)."""
         if test not in TESTS:
             raise ValueError(f"unknown test {test!r}")
         line = self._line(peer_id)
         book = line.verified if passed else line.failed
         book[test] = book.get(test, 0) + 1
+        if group_id and passed and test != "skipped":
+            if group_id not in self.group_checks and len(self.group_checks) >= MAX_GROUP_CHECKS:
+                del self.group_checks[next(iter(self.group_checks))]
+            self.group_checks.setdefault(group_id, set()).add(test)
 
-    def trained(self, groups_by_peer: dict[str, int]) -> None:
+    def trained(self, groups_by_peer: dict[str, int], group_ids: dict[str, list[str]] | None = None) -> None:
+        """Groups trained this step, per peer (``group_ids``: which: their passed checks are booked)."""
         for peer, n in groups_by_peer.items():
             self._line(peer).groups_trained += int(n)
+        for peer, gids in (group_ids or {}).items():
+            book = self._line(peer).trained_by
+            for gid in gids:
+                key = "+".join(sorted(self.group_checks.pop(gid, ()))) or "none"
+                book[key] = book.get(key, 0) + 1
 
     def untrusted(self, peer_id: str, reason: str) -> None:
         self._line(peer_id).untrusted = reason[:512]
@@ -118,7 +139,7 @@ def work_columns(line: dict | None) -> dict:
     if not line:
         return {}
     out = {"trained_groups": int(line.get("groups_trained", 0)), "verified": _tally(line.get("verified") or {}),
-           "failed_checks": _tally(line.get("failed") or {})}
+           "failed_checks": _tally(line.get("failed") or {}), "trained_by": _tally(line.get("trained_by") or {})}
     if line.get("untrusted"):
         out["trusted"] = "no: " + str(line["untrusted"])
     return out

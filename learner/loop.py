@@ -19,7 +19,7 @@ from typing import Callable
 import trio
 
 from common.model_cache import cache_root
-from learner.adapter_versions import AdapterVersions
+from learner.adapter_versions import KEEP_ADAPTER_VERSIONS, AdapterVersions
 from learner.admission import ReadAccess, build_admission
 from learner.buffer import ReplayBuffer
 from learner.checkpoint import (LoopState, load_open_problems, load_state, open_problem_refs, reissue_specs,
@@ -127,7 +127,9 @@ async def run_learner(
     verifier = None
     if cfg.verify.enabled:  # re-score sampled rollouts under their version (learner/verify.py)
         in_step = cfg.verify.in_step and cfg.sync.mode == "sequential" and not trainer.ranks.active
-        verifier = Verifier(trainer, cfg.verify, t.temperature, t.top_p, state.version, seed=t.seed, in_step=in_step)
+        precision = "bf16" if trainer.bf16_autocast or trainer.base_dtype == "bfloat16" else "fp32"
+        verifier = Verifier(trainer, cfg.verify, t.temperature, t.top_p, state.version, seed=t.seed, in_step=in_step,
+                            sampling_seed=t.seed, train_precision=precision)
     run_id = run_identity(run_dir, resume, uuid.uuid4().hex[:8])[1]
     metrics = MetricsWriter(run_dir, resume=resume, resume_step=state.step,
                             sinks=build_sinks(cfg.report, run_dir, config=to_dict(cfg), run_id=run_id,
@@ -144,7 +146,11 @@ async def run_learner(
         model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, cfg.model.name,
                                               cache_root(cfg.model.cache_dir or None), access=access, gguf=gguf)
         console(f"learner: base model {cfg.model.name} sha256 {model_serve.content_sha256[:12]}")
-        versions, ledger = AdapterVersions(), WorkLedger()
+        # every version a group may still be trained from is kept: its groups are checked under it
+        versions = AdapterVersions(keep=max(KEEP_ADAPTER_VERSIONS, cfg.sync.max_staleness + 2))
+        ledger = WorkLedger()
+        if verifier is not None:  # async groups of an older version: scored under its published adapter
+            verifier.adapter_of = lambda v: versions.get(v).to_adapter().tensors if v in versions else None
         replay = build_replay(cfg, resolved.gguf_path, versions, roster.numerics_of)  # exact checks (learner/replay.py)
         if replay is not None:
             await trio.to_thread.run_sync(replay.open)
@@ -182,13 +188,15 @@ async def run_learner(
                 row = await step_fn(ctx)
                 if verifier is not None:
                     row.update(verifier.take_metrics())
+                    if service.checks is not None:
+                        row.update(service.checks.new_step())
                     # the checks' share inside the wait (learner/step_timing.py); in-step ones are in fwd_bwd
                     row["time_verify_s"] = round(row.get("verify_s", 0.0) - row.get("verify_in_step_s", 0.0), 3)
                 if replay is not None:
                     row.update(replay.take_metrics())
                 if service.validators is not None:
                     row.update(service.validators.take_metrics())
-                ledger.trained(row.pop("trained_groups", {}))
+                ledger.trained(row.pop("trained_groups", {}), row.pop("trained_ids", {}))
                 state.wall_s = time.perf_counter() - t_start
                 row["wall_s"] = round(state.wall_s, 2)
                 metrics.write(row)

@@ -1,4 +1,4 @@
-"""Exact verification: a sampled group is generated again from its lease's seed on the node's own
+"""Exact verification: a picked group is generated again from its lease's seed on the node's own
 numerics, and the pushed tokens must be the replay's, token for token.
 
 Every completion's sampling is a pure function of the lease's seed and the logits
@@ -11,17 +11,20 @@ log-probs of identical tokens must agree within ``replay.max_logprob_diff`` (the
 noise: 0 measured; the bound only absorbs float formatting).
 
 Pure parts here: the numerics a node declares (:func:`numerics_of`, strict: anything odd is "not
-replayable", never an error), whether the learner can reproduce them (:func:`replayable`), the
-comparison (:func:`compare_group`) and the per-step budget (:class:`ReplayBudget`). Groups the
-learner cannot replay keep the statistical check (``learner.verify``) or go to validator peers
-(``learner.validators``).
+replayable", never an error), how the learner reproduces them within its own bounds (:func:`replay_numerics`), the
+comparison (:func:`compare_group`) and the per-step budget (:class:`ReplayBudget`, also the
+validators' and the new peers' checks'). Every group, replayed or not, also gets the learner's draw
+check (``learner.draw_check``).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
+
+from learner.config_verify import ReplayConfig
 
 
 #: Keys of a llama.cpp node's hello ``extra`` that fix its numerics (written by the backend's
@@ -77,13 +80,38 @@ def numerics_of(backend: str, extra: dict) -> Numerics | None:
     return Numerics(build, sha, n_threads, max_group, n_batch, n_ctx, kv_type, flash, unified == "1")
 
 
-def replayable(node: Numerics | None, own_build: str, own_gguf_sha256: str, max_kv_cells: int = 65536,
-               max_threads: int = 64) -> bool:
-    """Whether the learner's replayer reproduces ``node`` exactly: same llama.cpp build and CPU
-    feature set, the same GGUF file (hence quantisation), and a context within the learner's
-    bounds (KV cells ``n_ctx * max_group``, threads)."""
-    return (node is not None and node.llama_build == own_build and node.gguf_sha256 == own_gguf_sha256
-            and node.n_ctx * node.max_group <= max_kv_cells and node.n_threads <= max_threads)
+def replay_numerics(node: Numerics | None, own_build: str, own_gguf_sha256: str, cfg: ReplayConfig, group_size: int,
+                    prompt_len: int, max_tokens: int) -> Numerics | None:
+    """The numerics the learner replays a group of ``node`` with, within the learner's own bounds
+    whatever the node declared, or ``None`` when it cannot reproduce them: another build or GGUF,
+    more threads than ``cfg.max_threads``, or a layout that would change tokens inside its bounds.
+
+    Measured (``docs/benchmarks.md``, "Exact replay"): the context size does not change tokens, and
+    neither does ``max_group`` beyond the group's size or ``n_batch`` beyond the prompt's length
+    (the prompt is then one chunk either way); the thread count, the rows decoded together and the
+    prompt's chunking do. So the replay takes the learner's ``cfg.n_ctx`` (the node's when smaller:
+    it may cut a completion short), ``min(max_group, group_size)`` and a prompt chunk that decodes
+    the prompt exactly as the node's did (its ``max(n_batch, max_group)``, or one chunk of at most
+    ``cfg.max_n_batch``): memory bounded by the learner's settings, never by a hello."""
+    if node is None or node.llama_build != own_build or node.gguf_sha256 != own_gguf_sha256:
+        return None
+    if node.n_threads > cfg.max_threads:
+        return None
+    n_ctx = min(node.n_ctx, cfg.n_ctx)
+    if node.n_ctx > cfg.n_ctx and prompt_len + max_tokens > cfg.n_ctx:
+        return None  # the node had room the learner's context lacks
+    group = max(1, min(node.max_group, group_size))
+    chunk = max(node.n_batch, node.max_group)  # how the node decoded the prompt
+    if chunk <= cfg.max_n_batch:
+        n_batch = chunk
+    elif prompt_len <= cfg.max_n_batch:
+        n_batch = cfg.max_n_batch  # one chunk, as on the node
+    else:
+        return None
+    if n_ctx * group > cfg.max_kv_cells:
+        return None
+    return Numerics(node.llama_build, node.gguf_sha256, node.n_threads, group, n_batch, n_ctx, node.kv_type,
+                    node.flash_attn, node.kv_unified)
 
 
 def compare_group(pushed: Sequence[tuple[Sequence[int], Sequence[float]]],
@@ -111,40 +139,54 @@ def compare_group(pushed: Sequence[tuple[Sequence[int], Sequence[float]]],
 
 @dataclass
 class ReplayBudget:
-    """Seconds of replay per learner step, on average: a peer's first groups (``first_groups``)
-    are always replayed and never charged; an established peer's group is replayed while the
-    budget has credit and charged the measured cost of one replayed group, which may leave a debt.
-    Every step adds ``budget_s_per_step`` of credit (never more than one step's worth is kept), so
-    a budget smaller than one replay's cost replays one group every few steps. 0 = no limit."""
+    """Seconds of a kind of check per learner step, on average. Every check is charged, a peer's
+    first ones too, so a stream of fresh ids spends this budget and never more. A check may start
+    while there is credit (charged in advance the measured cost of the last one, the rest after:
+    :meth:`charge`, which may leave a debt); every step adds ``budget_s_per_step`` of credit, kept
+    for up to ``keep_steps`` steps (the credit starts full: the run's first nodes are checked at
+    once). 0 = no limit."""
 
     budget_s_per_step: float
-    first_groups: int
-    #: Replays charged this step, and the measured seconds of one replayed group (last one).
+    keep_steps: int = 1
+    #: Checks allowed this step, and the measured seconds of the last one.
     charged: int = 0
     group_s: float = 0.0
-    seen: dict[str, int] = field(default_factory=dict)
-    #: Seconds of replay still allowed (negative: a debt that the next steps' credit pays first).
+    #: Seconds still allowed (negative: a debt that the next steps' credit pays first).
     credit: float | None = None
+    #: What each check allowed and not yet measured was charged in advance (oldest first).
+    advances: deque = field(default_factory=deque)
 
-    def allow(self, peer_id: str) -> bool:
-        """Whether a group of ``peer_id`` that verification picked may be replayed now."""
-        n = self.seen.get(peer_id, 0)
-        self.seen[peer_id] = n + 1
-        if n < self.first_groups:
+    @property
+    def cap(self) -> float:
+        return self.budget_s_per_step * max(1, int(self.keep_steps))
+
+    def allow(self, peer_id: str = "") -> bool:
+        """Whether a check may start now (``peer_id``: whose, for the log only)."""
+        self.charged += 1
+        if self.budget_s_per_step <= 0:
             return True
         if self.credit is None:
-            self.credit = self.budget_s_per_step
-        if self.budget_s_per_step > 0:
-            if self.credit <= 0:
-                return False
-            self.credit -= self.group_s
-        self.charged += 1
+            self.credit = self.cap
+        if self.credit <= 0:
+            self.charged -= 1
+            return False
+        self.credit -= self.group_s
+        self.advances.append(self.group_s)
         return True
 
+    def charge(self, seconds: float) -> None:
+        """Charge ``seconds`` of work done (beyond what :meth:`allow` charged in advance)."""
+        if self.budget_s_per_step > 0:
+            self.credit = (self.cap if self.credit is None else self.credit) - max(0.0, float(seconds))
+
     def measured(self, seconds_per_group: float) -> None:
+        """A check took ``seconds_per_group``: what it was not charged in advance is charged now,
+        and the next ones are charged this in advance."""
+        advance = self.advances.popleft() if self.advances else 0.0
+        self.charge(float(seconds_per_group) - advance)
         self.group_s = float(seconds_per_group)
 
     def new_step(self) -> None:
         self.charged = 0
-        credit = self.budget_s_per_step if self.credit is None else self.credit
-        self.credit = min(credit + self.budget_s_per_step, self.budget_s_per_step)
+        credit = self.cap if self.credit is None else self.credit
+        self.credit = min(credit + self.budget_s_per_step, self.cap)

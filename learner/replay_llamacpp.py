@@ -1,6 +1,7 @@
-"""The learner's own llama.cpp replayer (``learner/replay.py``): a sampled group of a llama.cpp CPU
-node generated again with the node's declared thread count and layout, the learner's llama.cpp build and GGUF, the
-lease's adapter version and the group's seed, then compared token for token.
+"""The learner's own llama.cpp replayer (``learner/replay.py``): a picked group of a llama.cpp CPU
+node generated again with the node's declared thread count and a layout that decodes as the node's
+did within the learner's own bounds (``replay_numerics``), the learner's llama.cpp build and GGUF,
+the lease's adapter version and the group's seed, then compared token for token.
 
 One llama.cpp context per distinct declared layout (``replay.contexts`` kept, least recently used
 dropped), the adapter swapped when a group's version differs from the context's. Blocking: the
@@ -17,7 +18,7 @@ from typing import Any, Callable
 
 from learner.adapter_versions import AdapterVersions
 from learner.config import LearnerConfig, ReplayConfig
-from learner.replay import Numerics, ReplayBudget, compare_group, replayable
+from learner.replay import Numerics, ReplayBudget, compare_group, replay_numerics
 from learner.work_desk import SamplingDefaults
 from swarm.proto.work import group_seed
 
@@ -38,7 +39,7 @@ class LlamaCppReplay:
     def __init__(self, cfg: ReplayConfig, gguf_path: str | Path, sampling: SamplingDefaults, *,
                  numerics_of: Callable[[str], Numerics | None], adapter_of: Callable[[int], Any],
                  first_published: Callable[[int], Any] = lambda version: None,
-                 first_groups: int, build: str = "", gguf_sha256: str = "") -> None:
+                 build: str = "", gguf_sha256: str = "") -> None:
         self.cfg = cfg
         self.gguf_path = Path(gguf_path)
         self.sampling = sampling
@@ -49,7 +50,7 @@ class LlamaCppReplay:
         self.first_published = first_published
         self.build = build
         self.gguf_sha256 = gguf_sha256
-        self.budget = ReplayBudget(cfg.budget_s_per_step, first_groups)
+        self.budget = ReplayBudget(cfg.budget_s_per_step, cfg.burst_steps)
         self._contexts: OrderedDict[tuple, Any] = OrderedDict()
         #: The numerics a peer declared when each chosen group was picked (group id -> Numerics):
         #: a node that says hello again with other settings before the check is replayed as it
@@ -69,17 +70,20 @@ class LlamaCppReplay:
         self.gguf_sha256 = self.gguf_sha256 or file_sha256(self.gguf_path)
         return self
 
-    def choose(self, peer_id: str, result: Any) -> bool:
-        """Whether a group verification picked is replayed (else it is re-scored statistically):
-        the peer's numerics are reproducible here, the group is single-turn, and the step's replay
-        budget allows it."""
+    def can_replay(self, peer_id: str, result: Any, prompt_len: int) -> Numerics | None:
+        """The numerics a group of ``peer_id`` would be replayed with (``replay_numerics``: its
+        declaration within the learner's bounds), or None: not reproducible here, or multi-turn."""
         if any(c.mask for c in result.completions):
-            return False  # multi-turn: environment tokens are not the model's to replay
-        declared = self.numerics_of(peer_id)
-        if declared is None or not replayable(declared, self.build, self.gguf_sha256, self.cfg.max_kv_cells,
-                                              self.cfg.max_threads):
-            return False
-        if not self.budget.allow(peer_id):
+            return None  # multi-turn: environment tokens are not the model's to replay
+        s = self.sampling
+        return replay_numerics(self.numerics_of(peer_id), self.build, self.gguf_sha256, self.cfg,
+                               len(result.completions), prompt_len, s.max_tokens)
+
+    def choose(self, peer_id: str, result: Any, prompt_len: int = 0) -> bool:
+        """Whether a group verification picked is replayed: reproducible here (:meth:`can_replay`)
+        and the replay budget has credit (charged whoever the peer is)."""
+        declared = self.can_replay(peer_id, result, prompt_len)
+        if declared is None or not self.budget.allow(peer_id):
             return False
         self._chosen[result.group_id] = declared
         while len(self._chosen) > MAX_CHOSEN:
@@ -122,7 +126,7 @@ class LlamaCppReplay:
         out: list[str | None] = []
         for peer, gid, prompt, result in items:
             t0 = time.perf_counter()
-            n = self._chosen.pop(gid, None) or self.numerics_of(peer)
+            n = self._chosen.pop(gid, None) or self.can_replay(peer, result, len(prompt))
             if n is None:  # not chosen here and the peer is gone: nothing to replay against
                 out.append(None)
                 continue
@@ -171,5 +175,4 @@ def build_replay(cfg: LearnerConfig, gguf_path: str | Path | None, versions: Ada
     t = cfg.train
     return LlamaCppReplay(cfg.replay, gguf_path, SamplingDefaults(t.temperature, t.top_p, t.max_tokens, t.seed),
                           numerics_of=numerics_of, adapter_of=lambda v: versions.get(v).to_adapter(),
-                          first_published=lambda v: (r.to_adapter() if (r := versions.as_published(v)) else None),
-                          first_groups=cfg.verify.first_groups)
+                          first_published=lambda v: (r.to_adapter() if (r := versions.as_published(v)) else None))

@@ -109,6 +109,8 @@ class _Node:
     stage_model: ModelSpec | None = None
     #: The llama.cpp numerics its hello declared (``learner.replay.numerics_of``; None: none).
     numerics: Numerics | None = None
+    #: Its class for the draw check (``learner.draw_check.draw_class``: picks the tolerance).
+    draw_klass: str = "default"
 
 
 class NodeRoster:
@@ -139,10 +141,11 @@ class NodeRoster:
         return peer_id in self
 
     def admit(self, peer_id: str, hello: Hello, now: float, klass: str | None = None,
-              stage_model: ModelSpec | None = None, numerics: Numerics | None = None) -> bool:
+              stage_model: ModelSpec | None = None, numerics: Numerics | None = None,
+              draw_klass: str = "default") -> bool:
         """``peer_id`` said ``hello`` and was accepted: (re-)enter it with fresh figures. ``klass``:
         its validator class; ``stage_model``: its parsed stage geometry (a stage node);
-        ``numerics``: its declared llama.cpp numerics. Returns whether it was a member already
+        ``numerics``: its declared llama.cpp numerics; ``draw_klass``: its draw-check class. Returns whether it was a member already
         (a re-join)."""
         known = peer_id in self
         old = self._nodes.get(peer_id)
@@ -154,7 +157,7 @@ class NodeRoster:
                         groups_pushed=0, completions_pushed=0, rejected_groups=0, gen_tokens=0, gen_s=0.0,
                         stage_capable=stage_model is not None, trusted=True, untrusted_reason="",
                         addrs=tuple(hello.addrs), extra=kept_extra(hello.extra))
-        self._nodes[peer_id] = _Node(view, klass, stage_model, numerics)
+        self._nodes[peer_id] = _Node(view, klass, stage_model, numerics, draw_klass)
         self._members += 1
         self._order[peer_id] = None
         self._order.move_to_end(peer_id)
@@ -262,6 +265,11 @@ class NodeRoster:
     def backend_of(self, peer_id: str) -> str:
         node = self._nodes.get(peer_id)
         return node.view.backend if node is not None else ""
+
+    def draw_class_of(self, peer_id: str) -> str:
+        """``peer_id``'s class for the draw check (``default``, the widest, for a peer not listed)."""
+        node = self._nodes.get(peer_id)
+        return node.draw_klass if node is not None else "default"
 
     def classes(self) -> dict[str, str | None]:
         """Member -> its validator class (None: not one validators serve, stage nodes included)."""

@@ -172,8 +172,9 @@ class LearnerService:
         self.validators = None if verifier is None or validators is None or not validators.enabled else ValidatorDesk(
             validators, s.sampling, classes=self.roster.classes, untrust=self.untrust, wake=self.changes.notify)
         self.checks = None if verifier is None else VerifyQueue(
-            verifier, coordinator, self.changes, backend_of=self.roster.backend_of, untrust=self.untrust,
-            credit=self.roster.credit, replay=replay, on_checked=self.ledger.checked, validators=self.validators)
+            verifier, coordinator, self.changes, backend_of=self.roster.backend_of, class_of=self.roster.draw_class_of,
+            untrust=self.untrust, credit=self.roster.credit, replay=replay, on_checked=self.ledger.checked,
+            validators=self.validators, newcomer_s_per_step=verifier.cfg.newcomer_s_per_step)
         self.pushes = PushDesk(coordinator, self.roster, self.ledger, self.changes, admission=admission,
                                checks=self.checks)
         self._described = ""

@@ -21,8 +21,9 @@ A checked group that the trainer's micro-batching splits (a group larger than a 
 one that shares a micro-batch) is scored by :meth:`~learner.trainer.Trainer.token_stats` before the
 update instead: two forwards for that group only, same verdict.
 
-The cost of a check is the extra softmax statistics over the group's logits plus the judgement
-(:attr:`StepChecks.seconds`), not a model forward.
+The cost of a check is the extra softmax statistics over the group's logits (and the draw check's
+distances, :mod:`learner.draw_check`) plus the judgement (:attr:`StepChecks.seconds`), not a model
+forward.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class GroupCheck:
     size: int
     #: The verdict on the group's scored completions: the failure reason, or ``None``.
     judge: Callable[[list[Scored]], str | None]
+    #: The uniform each of its tokens was drawn with (:func:`learner.draw_check.completion_uniforms`),
+    #: per completion: the draw check runs on the same logits; None: no draw check.
+    uniforms: list[np.ndarray] | None = None
 
 
 @dataclass
@@ -106,20 +110,43 @@ class StepChecks:
         return reason is None
 
 
-def scored_rows(logp_all: Any, targets: Any, lengths: Sequence[int]) -> list[Scored]:
+def scored_rows(logp_all: Any, targets: Any, lengths: Sequence[int], uniforms: Sequence[np.ndarray] | None = None,
+                top_p: float = 1.0) -> list[Scored]:
     """Per completion (row) of one group, from ``logp_all`` [n, T, V] (the training forward's
     temperature-scaled log-softmax, detached) and ``targets`` [n, T]: what
-    :meth:`learner.trainer.Trainer.token_stats` returns (:func:`learner.forward.token_rows`)."""
-    return as_scored(token_rows(logp_all, targets, lengths))
+    :meth:`learner.trainer.Trainer.token_stats` returns (:func:`learner.forward.token_rows`), with
+    the draw distances when ``uniforms`` are given."""
+    return as_scored(token_rows(logp_all, targets, lengths, uniforms=uniforms, top_p=top_p))
+
+
+def check_unfused(first: Sequence[Any], checks: StepChecks, micro_batches: Callable[[Sequence[Any]], list[list[int]]],
+                  token_stats: Callable[..., list[tuple]], temperature: float, top_p: float) -> None:
+    """Checks whose group is not a micro-batch of the first minibatch ``first`` on its own (as the
+    trainer's ``micro_batches`` splits it): scored by ``token_stats`` (the trainer's pass, their own
+    forward) and judged before any update."""
+    fused = {c.group_id for mb in micro_batches(first) if (c := checks.whole([first[i] for i in mb])) is not None}
+    for c in checks.pending():
+        rows = [s for s in first if getattr(s, "group_id", "") == c.group_id]
+        if c.group_id in fused or not rows:  # fused: judged on its training forward; absent: nothing to score
+            continue
+        t = time.perf_counter()
+        stats = token_stats(rows[0].prompt_ids, [s.completion_ids for s in rows], temperature, uniforms=c.uniforms,
+                            top_p=top_p)
+        checks.judge(c, as_scored(stats), fused=False, started=t)
 
 
 def first_minibatch_order(groups: list[list[Any]], first: set[str], parts: int) -> list[list[list[Any]]]:
     """Split the batch's groups (lists of samples, batch order) into at most ``parts`` minibatches
-    of whole groups, as many groups in each as without checks, except that the groups in
-    ``first`` (by the ``group_id`` of their samples) all go into the first minibatch, ahead of
-    any other (it grows if they are more than its share)."""
+    of whole groups, as many groups in each as without checks. When the groups in ``first`` (by
+    the ``group_id`` of their samples) are among those the first minibatch holds without checks
+    (every ``parts``-th group from the first: the verify queue leaves exactly those to the step,
+    ``learner/verify_queue.py``), the split is the one without checks, so checks change nothing of
+    what each update trains; otherwise they all go into the first minibatch, ahead of any other
+    (it grows if they are more than its share)."""
     parts = max(1, min(parts, len(groups)))
     is_first = [bool(g) and getattr(g[0], "group_id", "") in first for g in groups]
+    if not any(is_first[k] for k in range(len(groups)) if k % parts):
+        return [groups[k::parts] for k in range(parts)]
     order = [g for g, f in zip(groups, is_first) if f] + [g for g, f in zip(groups, is_first) if not f]
     sizes = [len(range(k, len(groups), parts)) for k in range(parts)]
     sizes[0] = max(sizes[0], sum(is_first))
@@ -133,6 +160,6 @@ def first_minibatch_order(groups: list[list[Any]], first: set[str], parts: int) 
     return out
 
 
-def as_scored(stats: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> list[Scored]:
-    """``Trainer.token_stats`` rows as :class:`Scored`."""
-    return [Scored(lp, h, v) for lp, h, v in stats]
+def as_scored(stats: list[tuple]) -> list[Scored]:
+    """``Trainer.token_stats`` rows (log-prob, entropy, variance[, draw distances]) as :class:`Scored`."""
+    return [Scored(*row) for row in stats]

@@ -36,6 +36,7 @@ from learner.step_timing import DissemWatch, StepClock, gen_seconds
 from learner.trainer_api import TrainerAPI
 from learner.verify_queue import VerifyQueue
 from tasks.interface import SingleTurnTask, Tokenizer
+from learner.verify import GroupToCheck
 from swarm.proto.adapter import AdapterReply
 
 #: Print a "waiting for rollouts" line when a batch has made no progress for this long.
@@ -112,28 +113,41 @@ async def _wait_ready(ctx, ready, describe, refill=None) -> None:
                         f"{len(ctx.service.roster)} node(s) joined)")
 
 
+def first_minibatch(cfg: LearnerConfig, ids: list[str]) -> list[str]:
+    """The groups of a step's first minibatch (``Trainer._minibatches``: every ``parts``-th from
+    the first): its forward sees them on the version they were made with, so their checks run on it
+    (``learner/step_check.py``)."""
+    return ids[::max(1, min(cfg.train.minibatches, len(ids)))]
+
+
 async def sequential_step(ctx: StepContext) -> dict[str, Any]:
     t0 = time.perf_counter()
     gen0 = gen_seconds(ctx.service.roster)
     ids = add_problems(ctx, ctx.cfg.train.prompts_per_step)
     coord, queue = ctx.coord, ctx.service.checks
+    if queue is not None:
+        queue.reserve(first_minibatch(ctx.cfg, ids))
 
-    def ready(gid: str) -> bool:  # trainable, or held for a check this step makes on its forward
-        state = coord.ledger[gid]
-        return state == COMPLETED or (state == HELD and queue is not None and queue.is_deferred(gid))
+    def ready() -> bool:  # trainable, or held for a check this step makes on its forward
+        if queue is None:
+            return all(coord.ledger[g] == COMPLETED for g in ids)
+        return queue.step_ready(ids)
 
     idle, t_wait = 0.0, t0
     while True:
-        await _wait_until(ctx, lambda: all(ready(g) for g in ids),
-                          lambda: f"{sum(ready(g) for g in ids)}/{len(ids)} groups")
+        await _wait_until(ctx, ready, lambda: f"{sum(coord.ledger[g] in (COMPLETED, HELD) for g in ids)}/{len(ids)} groups")
+        if not ready():  # the verify worker took a push the step counted on while the wait ended
+            continue
         idle += time.perf_counter() - t_wait
-        deferred = queue.take_deferred(ids) if queue is not None else []
+        deferred = queue.take_for_step() if queue is not None else []
         groups = coord.take(ids)
         try:
             return await _train_and_publish(ctx, groups, t0, idle, gen0, deferred)
         except ChecksFailed as failed:  # nothing was trained: wait for the failed pushes' replacements
             coord.untake(groups)
             _settle(queue, deferred, failed.failed)  # untrusts their peers: their groups go to others
+            if queue is not None:
+                queue.reserve(first_minibatch(ctx.cfg, ids))
             ctx.console(f"learner: step {ctx.state.step + 1}: {len(failed.failed)} group(s) failed verification "
                         "on the training forward; training again once other nodes replace them")
             t_wait = time.perf_counter()
@@ -164,13 +178,16 @@ def _export_reply(trainer, version: int):
 
 
 def _step_checks(queue, deferred: list) -> StepChecks | None:
-    """The checks the training step makes on its own forward, one per picked group of each
-    deferred push (:mod:`learner.step_check`); ``None`` when there are none."""
+    """The checks the training step makes on its own forward, one per group of each push it took
+    from the verify queue (:mod:`learner.step_check`); ``None`` when there are none."""
     if not deferred:
         return None
     v = queue.verifier
-    return StepChecks([GroupCheck(gid, len(result.completions), partial(v.judge_scored, item.peer_id, item.backend, result))
-                       for item in deferred for gid, _prompt, result in item.picked])
+    draw = bool(getattr(v.cfg, "draw", True))
+    return StepChecks([GroupCheck(gid, len(result.completions),
+                                  partial(v.judge_scored, GroupToCheck(item.peer_id, item.backend, item.cls, prompt, result)),
+                                  v.uniforms(result) if draw else None)
+                       for item in deferred for gid, prompt, result in item.picked])
 
 
 def _settle(queue, deferred: list, failed: dict[str, str]) -> None:
@@ -237,7 +254,8 @@ async def _train_and_publish(ctx: StepContext, groups: list[CompletedGroup], t0:
         "train_s": round(train_s, 3),
         "samples_per_s": round(len(rewards) / max(step_time, 1e-9), 3),
         "nodes": ctx.service.take_contributions(),
-        "trained_groups": dict(Counter(g.peer_id for g in groups)),  # the work ledger's (learner/ledger.py)
+        "trained_groups": dict(Counter(g.peer_id for g in groups)),  # the work ledger's (learner/ledger.py) ...
+        "trained_ids": {p: [g.spec.group_id for g in groups if g.peer_id == p] for p in {g.peer_id for g in groups}},
         "rollout_versions": sorted({g.result.version for g in groups}),
         "staleness_hist": {str(k): v for k, v in sorted(lags.items())},
         "staleness_max": max(lags, default=0),

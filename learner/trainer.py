@@ -35,6 +35,7 @@ rank would (up to float summation order). Micro-batch size 0 = planned from free
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -54,7 +55,7 @@ from learner.distributed import DistContext, resolve_device
 from learner.grpo import policy_loss
 from learner.memory import ModelShape, plan_micro_batch
 from learner.models import ResolvedModel
-from learner.step_check import ChecksFailed, StepChecks, as_scored, first_minibatch_order, scored_rows
+from learner.step_check import ChecksFailed, StepChecks, check_unfused, first_minibatch_order, scored_rows
 from learner.trainer_ranks import RankShards
 
 
@@ -116,6 +117,7 @@ class Trainer:
         #: Emptied by every optimizer step and state load.
         self._known_logprobs: dict[tuple[tuple[int, ...], tuple[int, ...]], np.ndarray] = {}
         self._known_used = 0  # log-probs taken from it during the train_step in progress
+        self._swapped = False  # another version's adapter is installed (swapped_adapter)
 
     # -- batching ---------------------------------------------------------------------------
     def _micro_batches(self, batch: Sequence[Any]) -> list[list[int]]:
@@ -155,7 +157,8 @@ class Trainer:
 
     @torch.no_grad()
     def token_stats(self, prompt_ids: Sequence[int], completions: Sequence[Sequence[int]], temperature: float,
-                    autocast: bool | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+                    autocast: bool | None = None, uniforms: Sequence[np.ndarray] | None = None,
+                    top_p: float = 1.0) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]]:
         """Per completion of one prompt (a GRPO group), per token t, under the current policy at
         ``temperature``: the log-prob ``lp_t`` of the token, the policy's entropy ``H_t`` and the
         variance ``V_t`` of the surprisal ``-log p``, all from the same logits (float64 arrays).
@@ -163,7 +166,8 @@ class Trainer:
         The pass the trainer takes (rollout verification, :mod:`learner.verify`): the prompt once
         with its KV cache repeated over the group (:func:`learner.forward.shared_prompt_logits`; the whole
         sequences when ``share_prompt`` is off), bf16 autocast as in training unless ``autocast``
-        says otherwise, the LM head only at completion positions, softmax in float32."""
+        says otherwise, the LM head only at completion positions, softmax in float32. ``uniforms``
+        (one array per completion): also each token's distance from its draw (:mod:`learner.draw_check`)."""
         if not completions:
             return []
         self.model.eval()
@@ -177,10 +181,10 @@ class Trainer:
             else:
                 logits = forward.completion_logits(self.model, self.device, t, bf16)  # [n, T, V]
             out = forward.token_rows(logits, t["targets"], [len(c) for c in completions],
-                                     inv_temperature=1.0 / max(float(temperature), 1e-6))
-        if (bf16 == self.bf16_autocast and float(temperature) == float(self.train.temperature)
+                                     inv_temperature=1.0 / max(float(temperature), 1e-6), uniforms=uniforms, top_p=top_p)
+        if (bf16 == self.bf16_autocast and float(temperature) == float(self.train.temperature) and not self._swapped
                 and len(self._known_logprobs) + len(completions) <= MAX_KNOWN_LOGPROBS):
-            for ids, (lp, _h, _v) in zip(completions, out):  # the training pass's own numbers: reusable
+            for ids, (lp, *_rest) in zip(completions, out):  # the training pass's own numbers: reusable
                 self._known_logprobs[(tuple(prompt_ids), tuple(ids))] = lp.astype(np.float32)  # until the weights change
         return out
 
@@ -252,8 +256,8 @@ class Trainer:
         ratio_max, ratio_min = 0.0, float("inf")
         self._timing = {"fwd_bwd": 0.0, "optim": 0.0}  # seconds, filled by _update (the step breakdown)
         parts = self._minibatches(batch, checks)
-        if checks is not None:
-            self._check_unfused(parts[0], checks)
+        if checks is not None:  # groups the micro-batching splits: their own forward, before any update
+            check_unfused(parts[0], checks, self._micro_batches, self.token_stats, self.train.temperature, self.train.top_p)
         prox = None
         if self.train.loss == "decoupled" and len(parts) > 1:
             # pi_prox is the policy before this learner step, for every minibatch of it
@@ -272,21 +276,6 @@ class Trainer:
                    time_fwd_bwd_s=self._timing["fwd_bwd"], time_optim_s=self._timing["optim"],
                    logprobs_reused=float(self._known_used))
         return agg
-
-    def _check_unfused(self, first: Sequence[Any], checks: StepChecks) -> None:
-        """Checks whose group is not a micro-batch of the first minibatch on its own: scored by
-        :meth:`token_stats` (their own forward) and judged before any update."""
-        fused = {c.group_id for mb in self._micro_batches(first)
-                 if (c := checks.whole([first[i] for i in mb])) is not None}
-        for c in checks.pending():
-            if c.group_id in fused:
-                continue
-            rows = [s for s in first if getattr(s, "group_id", "") == c.group_id]
-            t = time.perf_counter()
-            if not rows:  # not in this batch: nothing to score
-                continue
-            stats = self.token_stats(rows[0].prompt_ids, [s.completion_ids for s in rows], self.train.temperature)
-            checks.judge(c, as_scored(stats), fused=False, started=t)
 
     def _abandon(self, checks: StepChecks) -> None:
         """Checks failed before any update: drop the gradients and end the step (ChecksFailed)."""
@@ -316,7 +305,8 @@ class Trainer:
             logp, tens = self._logprobs_of(mb, keep=keep)  # [n, T]
             if check is not None and checks is not None and keep:  # verified on this forward (learner/step_check.py)
                 t_chk = time.perf_counter()
-                scored = scored_rows(keep[0].detach(), tens["targets"], [len(s.completion_ids) for s in mb])
+                scored = scored_rows(keep[0].detach(), tens["targets"], [len(s.completion_ids) for s in mb],
+                                     check.uniforms, self.train.top_p)
                 if not checks.judge(check, scored, fused=True, started=t_chk):
                     continue  # no backward: nothing of it is trained
             prox_t = None
@@ -380,6 +370,17 @@ class Trainer:
         return out  # type: ignore[return-value]
 
     # -- adapters and checkpoints -------------------------------------------------------------
+    @contextlib.contextmanager
+    def swapped_adapter(self, tensors: dict[str, np.ndarray]):
+        """Within: the LoRA weights are ``tensors`` (an older version's, to verify its groups)."""
+        saved, self._swapped = cpu_copy(self._lora_state()), True
+        try:
+            self.load_state_dict({"adapter": {k: torch.from_numpy(np.asarray(v)) for k, v in tensors.items()}}, True)
+            yield
+        finally:
+            self.load_state_dict({"adapter": saved}, lora_only=True)
+            self._swapped = False
+
     def _lora_state(self) -> dict[str, torch.Tensor]:
         from peft import get_peft_model_state_dict
         return get_peft_model_state_dict(self.model)
@@ -422,7 +423,7 @@ class Trainer:
         return {"adapter": cpu_copy(self._lora_state()), "optimizer": cpu_copy(self.optimizer.state_dict()),
                 "step": self.step}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], lora_only: bool = False) -> None:
         """Restore :meth:`state_dict` (or a checkpoint's) LoRA weights, optimizer state and step."""
         from peft import set_peft_model_state_dict
 
@@ -430,9 +431,11 @@ class Trainer:
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
             raise ValueError(f"adapter state does not match this model: {unexpected[:3]}")
+        self._known_logprobs.clear()
+        if lora_only:
+            return
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
-        self._known_logprobs.clear()
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         """Restore what :meth:`save_checkpoint` wrote (same base model and LoRA config)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -43,8 +44,21 @@ class TrainerAPI(Protocol):
         """Per-token log-probs of each sample's completion under the current policy."""
 
     def token_stats(self, prompt_ids: Sequence[int], completions: Sequence[Sequence[int]], temperature: float,
-                    autocast: bool | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per completion and token: log-prob, entropy and surprisal variance (verification)."""
+                    autocast: bool | None = None, uniforms: Sequence[np.ndarray] | None = None,
+                    top_p: float = 1.0) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]]:
+        """Per completion and token: log-prob, entropy, surprisal variance and (with ``uniforms``)
+        the draw distance (verification)."""
+
+    def swapped_adapter(self, tensors: dict[str, np.ndarray]) -> AbstractContextManager[None]:
+        """Within: the LoRA weights are ``tensors`` (an older version's, to verify its groups)."""
+
+    @property
+    def bf16_autocast(self) -> bool:
+        """The forward runs under bf16 autocast."""
+
+    @property
+    def base_dtype(self) -> str:
+        """Storage dtype of the frozen base (``float32`` or ``bfloat16``)."""
 
     def export_adapter(self, version: int) -> LoraAdapter:
         """The LoRA weights as version ``version``."""

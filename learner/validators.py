@@ -6,10 +6,12 @@ and precision as its hello declares them; :func:`device_class`), chosen at rando
 (:func:`pick_validator`) and sent a blind request (:func:`blind_request`: prompt, group size,
 sampling settings, the group's seed and adapter version; never the group id or whose group it
 is). The validator's completions are compared with the pushed ones exactly
-(:func:`learner.replay.compare_group`). When they differ, a second validator of the same class
-replays it too and :func:`referee` decides: the side that disagrees with two others is untrusted;
-when all three differ nobody is (the class is not deterministic enough to referee, and the
-disagreement is counted, not hidden).
+(:func:`learner.replay.compare_group`). Peers chosen by a class they declare are not independent
+(Sybils can share one), so a validator's answer is a tip, never a verdict: when it differs, the
+learner's own checks decide (:func:`dispute`): the validator's replay through the learner's draw
+check, the producer's group through its strictest check. A validator's answer never untrusts a
+producer, nor passes a group, on its own; a validator that disagrees with the learner's own check
+loses its role.
 
 The network part: the message family ``swarm.proto.validate`` (jobs go out in the reply to a
 validator's work long poll), the learner's desk ``learner/validator_desk.py`` (asks, compares,
@@ -64,33 +66,15 @@ def blind_request(prompt_ids: list[int], group_size: int, version: int, temperat
                        top_p=float(top_p), max_tokens=int(max_tokens), seed=int(seed))
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """``outcome``: ``pass`` (the first validator agrees), ``second`` (ask a second validator),
-    ``producer`` / ``validator`` (that side disagrees with two others: ``untrust`` names it),
-    ``inconclusive`` (three different answers: nobody untrusted; with no third peer of the class
-    the verify queue keeps the statistical check instead)."""
-
-    outcome: str
-    untrust: tuple[str, ...] = ()
-
-
-def referee(producer: str, first: str, first_agrees: bool, second: str | None = None,
-            second_agrees_producer: bool | None = None, second_agrees_first: bool | None = None) -> Verdict:
-    """The decision after a first validator (and, when it disagreed, a second one)."""
-    if first_agrees:
-        return Verdict("pass")
-    if second is None:
-        return Verdict("second")
-    if second in (producer, first):
-        raise ValueError("the second validator must be a third peer")
-    if second_agrees_producer is None or second_agrees_first is None:
-        raise ValueError("the second validator's comparisons with both sides are needed")
-    if second_agrees_producer and not second_agrees_first:
-        return Verdict("validator", (first,))
-    if second_agrees_first and not second_agrees_producer:
-        return Verdict("producer", (producer,))
-    if second_agrees_producer and second_agrees_first:  # only with a tolerance: p ~ s ~ f, p !~ f
-        return Verdict("pass")
-    return Verdict("inconclusive")
-
+def dispute(validator_fails: bool, producer_fails: bool) -> str:
+    """Who a disagreement between a producer's group and a validator's replay of it counts against,
+    decided by the learner's own checks of both (never by the validator's word): ``validator``
+    (its replay fails the learner's draw check: it did not replay honestly; untrusted),
+    ``producer`` (the producer's group fails the learner's strict check; untrusted by that check),
+    ``demote`` (both pass: the validator disagrees with the learner's own check and loses its role,
+    nobody is untrusted)."""
+    if validator_fails:
+        return "validator"
+    if producer_fails:
+        return "producer"
+    return "demote"

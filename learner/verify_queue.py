@@ -1,43 +1,44 @@
-"""Verification after the ack: a rollout push is acknowledged as soon as the coordinator has
-accepted it, and the groups picked for re-scoring (:meth:`learner.verify.Verifier.pick`) are
-checked afterwards by one background worker, so a node never waits for the learner's scoring
-before it takes new work.
+"""Every pushed group checked before it trains, after the ack: a rollout push is acknowledged as
+soon as the coordinator has accepted it, its groups are *held* (ledger state ``held``) and checked
+afterwards, so a node never waits for the learner before it takes new work.
 
-- **Hold.** When any group of a push is picked, every group the coordinator accepted from that
-  push is *held* (ledger state ``held``, :meth:`learner.coordinator.Coordinator.hold`): done for
-  the node, never handed to training. A push with no picked group is not held, unless the same
-  peer still has a push waiting for its check: then its groups join that push's hold and are
-  released with it (a node's later groups are never trained before its earlier picked groups
-  have passed, as when the node had to wait for its ack).
-- **Pass.** When every picked group of the push passes (or is skipped because its version is no
-  longer the learner's weights), the push's groups still held are released to training and the
-  service is notified, so a step waiting for its batch wakes.
-- **Fail.** The peer is untrusted (:meth:`learner.service.LearnerService.untrust`): its leases are revoked and
-  all its untrained groups, held ones included, are dropped (``unverified``) and pending again
-  for other nodes. None of the push is trained.
-- **Error.** If the check itself raises, the push's held groups are dropped (``verify_error``)
-  and pending again for any node; the peer is not blamed.
+What each group gets:
 
-Batched: the pushes that queued up while the worker was busy are checked together, their picked
-groups scored in one call of the verifier (one hold of its lock, one thread hop) and then judged
-push by push in arrival order.
+- **The learner's own check, always**: the claims, likelihood and draw tests
+  (:meth:`learner.verify.Verifier.check_groups`, :mod:`learner.draw_check`) on the learner's logits
+  under the group's own adapter version: on the training step's forward where that forward is on
+  the group's version (sequential mode: the groups the step's first minibatch holds anyway, pushed
+  by peers that passed a check before, left to the step by the worker, :meth:`VerifyQueue.reserve`,
+  :meth:`VerifyQueue.take_for_step`; the updates train what they would without checks), else on a
+  no-grad forward made by the worker while the learner waits for rollouts (:meth:`VerifyQueue.run`;
+  an older version's published adapter in async mode).
+- **A strict check, on a node's first groups and a sample of the rest**
+  (:meth:`learner.verify.Verifier.pick`), where its class has one: an exact replay by the learner
+  (llama.cpp CPU nodes it can reproduce, :mod:`learner.replay`), or the draw test on a float32
+  forward (torch and MLX float32 nodes under a bf16 learner). A validator's replay may be asked
+  too (:mod:`learner.validator_desk`): a tip that can make the learner look closer, never a verdict.
 
-Bounded: the queue has one entry per push with a picked group (a node's other pushes join its
-outstanding entry), and the entries that still hold groups are at most the coordinator's
-groups in flight (a step's groups in sequential mode, ``sync.max_inflight_groups`` in async
-mode). Entries whose groups were all revoked or dropped meanwhile are passed over at once,
-without scoring.
+Release: a push's groups become trainable when all its checks passed and every earlier push of the
+same peer that had a strict check passed too (a node's later groups never train before its earlier
+strictly checked ones). Fail: the peer is untrusted (its leases revoked, its untrained groups
+dropped ``unverified`` and re-issued to others). Error: the push's groups are re-issued
+(``verify_error``), nobody blamed.
 
-Cancellable: the worker stops when the run is done (:meth:`VerifyQueue.close`, called by
-``LearnerService.finish``) or its nursery is cancelled; a check in progress is abandoned (its
-worker thread finishes scoring that one group on its own), so the end of a run never waits for
-verification. Groups still held then are untrained: they stay ``held`` in the ledger and are
-re-issued on resume like any open group.
+Cost, bounded by the learner's own settings: one check per pushed group (a push is one lease's
+groups, leases are handed out by the learner); the strict checks' budgets (``verify``,
+``replay``, ``validators``); and the worker's forwards for peers with no passed check yet, which
+spend ``verify.newcomer_s_per_step`` (beyond it, such a peer's push is re-issued unchecked,
+unblamed): so fresh ids cannot make the learner spend without bound. The worker checks one push at
+a time in arrival order; a push waiting on validators is checked beside it.
+
+Cancellable: the worker stops when the run is done (:meth:`VerifyQueue.close`) or its nursery is
+cancelled; groups still held then stay untrained (re-issued on resume).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -46,282 +47,351 @@ import trio
 
 from swarm.changes import Changes
 from learner.coordinator import Coordinator
-from learner.replay_llamacpp import LlamaCppReplay
-from learner.validator_desk import FALLBACK, ValidatorDesk
-from learner.verify import Verifier
+from learner.replay import ReplayBudget
+from learner.validator_desk import FALLBACK
+from learner.verify import SKIPPED, GroupToCheck, Verifier
 
 log = logging.getLogger("echo_swarm.learner")
 
 
-@dataclass
+@dataclass(eq=False)
 class PendingCheck:
-    """One held push waiting for its picked groups to be re-scored."""
+    """One held push and its checks."""
 
     hold_id: str
     peer_id: str
-    #: The generation backend the peer announced (selects the claims threshold).
+    #: The generation backend the peer announced (selects the claims threshold) ...
     backend: str
-    #: The picked groups, in push order: (group id, prompt token ids, the pushed ``GroupResult``).
+    #: ... and its draw-check class (selects the draw tolerance).
+    cls: str
+    #: Every accepted group of the push, in order: (group id, prompt token ids, pushed ``GroupResult``).
     picked: list[tuple[str, list[int], Any]]
     #: Completions per held group, credited to the peer's contribution when released.
     completions: dict[str, int] = field(default_factory=dict)
-    #: The picked groups checked by an exact replay (``learner/replay.py``) instead of re-scoring.
+    #: Groups with a strict check: an exact replay (``learner/replay.py``) ...
     replayed: set[str] = field(default_factory=set)
-    #: The picked groups sent to validator nodes (``learner/validator_desk.py``); one they cannot
-    #: decide falls back to re-scoring.
+    #: ... or the draw test on a float32 forward.
+    fp32: set[str] = field(default_factory=set)
+    #: Groups whose validators' replay is asked for (``learner/validator_desk.py``: a tip).
     validated: set[str] = field(default_factory=set)
+    #: The peer's earlier push with a strict check still open: this one is released after it.
+    after: "PendingCheck | None" = None
+    #: A new peer's push whose first strict check the budget cannot pay now: re-issued unchecked.
+    reissue: bool = False
+    #: Checked by the worker (taken off the queue), passed its own checks, and finished
+    #: (released, failed, dropped or given to a training step).
+    started: bool = False
+    passed: bool = False
+    done: bool = False
 
+    @property
+    def strict(self) -> bool:
+        """Whether it has a strict check of its own (a validator's tip is not one)."""
+        return bool(self.replayed or self.fp32 or self.reissue)
 
-def picked_groups(accepted: list[str], pick) -> list[str]:
-    """The accepted groups chosen for verification, in order: ``pick()`` is asked once per
-    group (it counts the peer's groups and spends the per-step budget)."""
-    return [gid for gid in accepted if pick()]
+    def items(self) -> list[GroupToCheck]:
+        return [GroupToCheck(self.peer_id, self.backend, self.cls, prompt, result, gid in self.fp32)
+                for gid, prompt, result in self.picked if gid not in self.replayed]
 
 
 class VerifyQueue:
-    """Held pushes in arrival order and the one worker that checks them (:meth:`run`).
+    """Held pushes in arrival order and the worker that checks them (:meth:`run`).
 
-    Narrow interfaces only: the verifier scores, the coordinator holds and releases groups, and
-    three callbacks of the service report back (``backend_of`` a peer, ``untrust`` a peer that
-    failed, ``credit`` a peer's released completions); ``changes`` wakes a step that waits for
-    its batch.
-    """
+    Narrow interfaces only: the verifier scores, the coordinator holds and releases groups, the
+    service's callbacks report back (``backend_of``/``class_of`` a peer, ``untrust`` a peer that
+    failed, ``credit`` a peer's released completions); ``changes`` wakes a step that waits."""
 
     def __init__(self, verifier: Verifier, coordinator: Coordinator, changes: Changes, *,
                  backend_of: Callable[[str], str], untrust: Callable[[str, str], None],
-                 credit: Callable[[str, int], None], replay: LlamaCppReplay | None = None,
-                 on_checked: Callable[[str, str, bool], None] | None = None,
-                 validators: ValidatorDesk | None = None) -> None:
+                 credit: Callable[[str, int], None], class_of: Callable[[str], str] = lambda peer: "default",
+                 replay: Any = None, on_checked: Callable[[str, str, bool, str], None] | None = None,
+                 validators: Any = None, newcomer_s_per_step: float = 5.0) -> None:
         self.verifier = verifier
         self.coordinator = coordinator
         self.changes = changes
         self.backend_of = backend_of
+        self.class_of = class_of
         self.untrust = untrust
         self.credit = credit
-        #: Exact replays (``learner.replay_llamacpp.LlamaCppReplay``: ``choose``, ``check_groups``);
-        #: None: every picked group is re-scored statistically.
+        #: Exact replays (``learner.replay_llamacpp.LlamaCppReplay``: ``choose``, ``check_groups``).
         self.replay = replay
-        #: Told (peer, test, passed) for every group checked in the background (the work ledger).
+        #: Told (peer, test, passed, group id) for every group checked (the work ledger): tests
+        #: ``draw`` (with claims and likelihood), ``fp32``, ``replay``, ``validator``.
         self.on_checked = on_checked
-        #: Validator nodes (``learner.validator_desk.ValidatorDesk``: ``choose``, ``check_all``) for
-        #: groups the learner cannot replay itself; None: those are re-scored statistically.
+        #: Validator nodes (``learner.validator_desk.ValidatorDesk``: ``choose``, ``check_all``).
         self.validators = validators
+        #: Seconds of the worker's checks for peers not yet proven, per step (``newcomer_s_per_step``).
+        self.newcomers = ReplayBudget(newcomer_s_per_step, keep_steps=2)
+        #: Peers with a push that passed every check (no longer newcomers) ...
+        self.proven: set[str] = set()
+        #: ... and peers with a strict check passed (their first groups need one where it exists).
+        self.strict_proven: set[str] = set()
+        #: Pushes re-issued unchecked because the newcomers' budget was spent (this step).
+        self.unchecked = 0
         self._items: deque[PendingCheck] = deque()
         self._added = Changes()
         self.closed = False
         self._scope: trio.CancelScope | None = None
-        #: Held while a batch is scored in a worker thread (batches waiting on validators run beside).
+        #: Held while groups are scored or replayed in a worker thread.
         self._scoring = trio.Lock()
-        #: Per peer, its newest check not yet finished (queued, in progress or deferred).
-        self.last: dict[str, PendingCheck] = {}
-        #: Checks left to the training step that will train their groups (``verify.in_step``):
-        #: hold id -> check (:meth:`take_deferred`, :mod:`learner.step_check`).
-        self.deferred: dict[str, PendingCheck] = {}
+        #: Per peer, its newest push with a strict check not yet finished.
+        self.open_strict: dict[str, PendingCheck] = {}
+        #: Checked pushes waiting for an earlier strict one of their peer.
+        self._waiting: list[PendingCheck] = []
+        #: The next training step's first-minibatch groups (:meth:`reserve`).
+        self.reserved: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._items)
-
-    def _put(self, item: PendingCheck) -> None:
-        if self.closed:
-            return
-        self._items.append(item)
-        self.last[item.peer_id] = item
-        self._added.notify()
-
-    async def _get(self) -> PendingCheck:
-        while not self._items:
-            await self._added.wait()
-        return self._items.popleft()
 
     def close(self) -> None:
         """No more checks: drop what waits and cancel the worker (and a check in progress)."""
         self.closed = True
         self._items.clear()
-        self.last.clear()
-        self.deferred.clear()
+        self._waiting.clear()
+        self.open_strict.clear()
         if self._scope is not None:
             self._scope.cancel()
 
+    # -- arrival ----------------------------------------------------------------------------
     def hold(self, peer_id: str, accepted: list[str], results: dict[str, Any]) -> str | None:
-        """Right after ``coordinator.submit`` accepted ``accepted`` from ``peer_id``: pick the
-        groups to verify; if any, hold all of ``accepted`` and queue the check; if none, but the
-        peer has a check outstanding, add them to its hold. Returns the hold id, or ``None``
-        when the groups are trainable at once."""
+        """Right after ``coordinator.submit`` accepted ``accepted`` from ``peer_id``: hold them all
+        and queue their check, choosing the strict checks. Returns the hold id (``None``: nothing
+        to hold)."""
         coord = self.coordinator
-        if not accepted:
+        if not accepted or self.closed:
             return None
-        picked = picked_groups(accepted, lambda: self.verifier.pick(peer_id))
-        sizes = {gid: len(results[gid].completions) for gid in accepted}
-        if not picked:
-            earlier = self.last.get(peer_id)
-            if earlier is None or not coord.holding(earlier.hold_id):
-                return None
-            hold_id = coord.hold(accepted, into=earlier.hold_id)
-            if hold_id is not None:
-                earlier.completions.update(sizes)
-            return hold_id
         hold_id = coord.hold(accepted)
         if hold_id is None:
             return None
-        item = PendingCheck(hold_id, peer_id, self.backend_of(peer_id),
-                            picked=[(gid, coord.spec(gid).prompt_ids, results[gid]) for gid in picked],
-                            completions=sizes)
-        if self.replay is not None:  # exact replay where the learner reproduces the node's numerics
-            item.replayed = {gid for gid, _p, r in item.picked if self.replay.choose(peer_id, r)}
-        if self.validators is not None:  # other numerics: a peer of the producer's class replays
-            item.validated = {gid for gid, _p, r in item.picked
-                              if gid not in item.replayed and self.validators.choose(peer_id, r)}
-        v = self.verifier
-        if v.in_step and not self.closed and not item.replayed and not item.validated and all(results[g].version == v.weights_version for g in picked):
-            self.deferred[hold_id] = item  # checked on the forward of the step that trains it
-            self.last[peer_id] = item
-        else:
-            self._put(item)
+        item = PendingCheck(hold_id, peer_id, self.backend_of(peer_id), self.class_of(peer_id),
+                            picked=[(gid, coord.spec(gid).prompt_ids, results[gid]) for gid in accepted],
+                            completions={gid: len(results[gid].completions) for gid in accepted})
+        first = peer_id not in self.strict_proven and peer_id not in self.open_strict
+        for gid, prompt, result in item.picked:
+            replayable = self.replay is not None and self.replay.can_replay(peer_id, result, len(prompt)) is not None
+            has_strict = replayable or self.verifier.strict_fp32(item.cls)
+            if not self.verifier.pick(peer_id) and not (first and has_strict and not item.strict):
+                continue
+            if replayable:
+                if self.replay.choose(peer_id, result, len(prompt)):
+                    item.replayed.add(gid)
+                elif first and not item.strict:
+                    item.reissue = True  # a new node's first strict check cannot run now: not trained unchecked
+            elif has_strict:
+                item.fp32.add(gid)
+            if self.validators is not None and self.validators.choose(peer_id, result):
+                item.validated.add(gid)
+        earlier = self.open_strict.get(peer_id)
+        item.after = earlier if earlier is not None and not earlier.done else None
+        if item.strict:
+            self.open_strict[peer_id] = item
+        self._items.append(item)
+        self._added.notify()
         return hold_id
 
-    def is_deferred(self, group_id: str) -> bool:
-        """Whether ``group_id`` is held under a check left to the training step."""
-        return self.coordinator.held.get(group_id) in self.deferred
+    # -- the training step's share ------------------------------------------------------------
+    def reserve(self, group_ids: list[str]) -> None:
+        """The groups the next training step's first minibatch holds (sequential mode): their
+        pushes, when the step can check them on its own forward (:meth:`take_for_step`), are left
+        to it by the worker, which checks the others first."""
+        self.reserved = set(group_ids)
+        self._added.notify()
 
-    def take_deferred(self, group_ids: list[str]) -> list[PendingCheck]:
-        """The deferred checks whose held groups are all among ``group_ids`` (the step about to
-        train them), released to it: their groups become completed (trainable) and the step
-        verifies them on its forward, then reports with :meth:`settle`. A deferred check whose
-        groups the step will not train is queued for the background worker instead."""
-        coord, ids, out = self.coordinator, set(group_ids), []
-        for hold_id, item in list(self.deferred.items()):
-            held = coord.holding(hold_id)
-            if held and not set(held) <= ids:
-                del self.deferred[hold_id]
-                self._put(item)
-                continue
-            del self.deferred[hold_id]
-            if self.last.get(item.peer_id) is item:
-                del self.last[item.peer_id]
-            if held:
-                item.completions = {g: n for g, n in item.completions.items() if g in held}
-                coord.release(hold_id)
-                out.append(item)
+    def _stealable(self, item: PendingCheck) -> bool:
+        held = self.coordinator.holding(item.hold_id)
+        after_ok = item.after is None or (item.after.done and item.after.passed)
+        return (self.verifier.in_step and not self.closed and not item.strict and after_ok
+                and item.peer_id in self.proven and bool(held) and set(held) <= self.reserved
+                and all(r.version == self.verifier.weights_version for _g, _p, r in item.picked))
+
+    def step_ready(self, group_ids: list[str]) -> bool:
+        """Whether a step may train ``group_ids`` now: every group trainable, or held by a queued
+        push that the step checks on its own forward (:meth:`take_for_step`)."""
+        ledger = self.coordinator.ledger
+        stealable = {g for item in self._items if self._stealable(item) for g in self.coordinator.holding(item.hold_id)}
+        return all(ledger.get(g) == "completed" or g in stealable for g in group_ids)
+
+    def take_for_step(self) -> list[PendingCheck]:
+        """The queued pushes of the reserved groups (:meth:`reserve`) that the step about to train
+        them checks on its own forward, taken off the queue: their groups become trainable for it,
+        and it reports with :meth:`settle`."""
+        out = []
+        for item in [i for i in self._items if self._stealable(i)]:
+            self._items.remove(item)
+            item.started = item.done = True
+            held = self.coordinator.holding(item.hold_id)
+            item.completions = {g: c for g, c in item.completions.items() if g in held}
+            self.coordinator.release(item.hold_id)
+            out.append(item)
+        self.reserved = set()
         return out
 
     def settle(self, item: PendingCheck, failure: tuple[str, str] | None) -> None:
-        """The step's verdict on a deferred check: ``failure`` (group id, reason) untrusts the peer;
-        otherwise its completions are credited."""
-        if self.on_checked is not None:  # the work ledger: checked by re-scoring, on the step's forward
+        """The step's verdict on a push it checked: ``failure`` (group id, reason) untrusts the
+        peer; otherwise its completions are credited."""
+        if self.on_checked is not None:
             for gid, _p, _r in item.picked:
-                self.on_checked(item.peer_id, "stats", failure is None or failure[0] != gid)
+                self.on_checked(item.peer_id, "draw", failure is None or failure[0] != gid, gid)
         if failure is not None:
             self.untrust(item.peer_id, f"unverified: group {failure[0]}: {failure[1]}")
         else:
             self.credit(item.peer_id, sum(item.completions.values()))
 
-    def _verdicts(self, live: list[PendingCheck], work: list[tuple],
-                  decided: dict[str, str | None] | None = None) -> list[str | None]:
-        """Per picked group of ``live`` (``work`` in the same order): the failure reason or None,
-        by validators for the groups in ``decided`` (their verdicts), by exact replay for the
-        groups in ``item.replayed``, by the verifier's re-scoring for the others (blocking; the
-        queue's worker thread)."""
-        decided = decided or {}
-        gids = [(gid, gid in item.replayed) for item in live for gid, _p, _r in item.picked]
-        out: list[str | None] = [None] * len(work)
-        for i, (gid, _r) in enumerate(gids):
-            if gid in decided:
-                out[i] = decided[gid]
-        stats = [i for i, (g, by_replay) in enumerate(gids) if not by_replay and g not in decided]
-        replays = [i for i, (_g, by_replay) in enumerate(gids) if by_replay]
-        if stats:
-            for i, r in zip(stats, self.verifier.check_groups([work[i] for i in stats])):
-                out[i] = r
-        if replays and self.replay is not None:  # only a replayer marks groups by_replay
-            items = [(work[i][0], gids[i][0], work[i][2], work[i][3]) for i in replays]
-            for i, r in zip(replays, self.replay.check_groups(items)):
-                out[i] = r
-        if self.on_checked is not None:
-            for i, (gid, by_replay) in enumerate(gids):
-                fresh = by_replay or work[i][3].version == self.verifier.weights_version
-                test = "validator" if gid in decided else "replay" if by_replay else "stats" if fresh else "skipped"
-                self.on_checked(work[i][0], test, out[i] is None)
-        return out
-
-    def _drain(self) -> list[PendingCheck]:
-        """Every check queued now (taken off the queue, in arrival order)."""
-        out = list(self._items)
-        self._items.clear()
-        return out
-
+    # -- the worker ---------------------------------------------------------------------------
     async def run(self) -> None:
-        """The worker: check the held pushes until :meth:`close` or cancellation; whatever has
-        queued up meanwhile is checked together (its groups scored in one pass of the verifier,
-        :meth:`learner.verify.Verifier.check_groups`)."""
+        """The worker: check the held pushes one at a time, in arrival order, until :meth:`close`
+        or cancellation; a push waiting on validators is checked beside it."""
         with trio.CancelScope() as scope:
             self._scope = scope
             if self.closed:
                 return
             async with trio.open_nursery() as nursery:
                 while True:
-                    batch = [await self._get()] + self._drain()
-                    # a push waiting on validator nodes (up to ``validators.deadline_s``) is checked
-                    # beside the worker, so the other nodes' pushes are not held up behind it
-                    waiting = [item for item in batch if item.validated]
-                    if waiting:
-                        nursery.start_soon(self._check_then_forget, waiting)
-                    now = [item for item in batch if not item.validated]
-                    if now:
-                        await self._check_then_forget(now)
+                    item = self._next()
+                    while item is None:
+                        await self._added.wait()
+                        item = self._next()
+                    self._items.remove(item)
+                    item.started = True
+                    await self.check(item)
+                    if item.validated and item.passed and self.validators is not None:
+                        nursery.start_soon(self._follow_tips, item)  # never holds the push
 
-    async def _check_then_forget(self, batch: list[PendingCheck]) -> None:
-        try:
-            await self.check_batch(batch)
-        finally:
-            for item in batch:
-                if self.last.get(item.peer_id) is item:
-                    del self.last[item.peer_id]
+    def _next(self) -> PendingCheck | None:
+        """The oldest queued push the worker should check: one the next step will not check itself."""
+        return next((item for item in self._items if not self._stealable(item)), None)
 
-    async def _validate(self, live: list[PendingCheck]) -> dict[str, str | None]:
-        """The verdicts of validator nodes on the groups of ``live`` sent to them (group id ->
-        failure reason or None); the groups they could not decide are left out (re-scored)."""
-        jobs = [(item.peer_id, gid, p, r) for item in live for gid, p, r in item.picked if gid in item.validated]
-        if self.validators is None or not jobs:
-            return {}
-        got = await self.validators.check_all(jobs)
-        return {gid: why for gid, why in got.items() if why != FALLBACK}
+    def new_step(self) -> dict[str, float]:
+        """A learner step ended: the newcomers' budget gets its credit; this step's figures."""
+        self.newcomers.new_step()
+        out: dict[str, float] = {"verify_unchecked": self.unchecked}
+        self.unchecked = 0
+        return out
 
     async def check(self, item: PendingCheck) -> None:
-        """Check one held push (:meth:`check_batch` of one)."""
-        await self.check_batch([item])
-
-    async def check_batch(self, items: list[PendingCheck]) -> None:
-        """Re-score the picked groups of ``items`` together (in a worker thread), then per push, in
-        arrival order: release, untrust or discard its hold (see the module docstring)."""
-        coord, v = self.coordinator, self.verifier
-        live = [item for item in items if coord.holding(item.hold_id)]  # the others were revoked or dropped
-        work = [(item.peer_id, item.backend, prompt_ids, result) for item in live for _gid, prompt_ids, result in item.picked]
-        if not work:
-            return
-        try:
-            decided = await self._validate(live)
-            async with self._scoring:  # one scoring pass at a time (the verifier's and replay's models)
-                reasons = await trio.to_thread.run_sync(  # trio-typing's stubs predate abandon_on_cancel
-                    self._verdicts, live, work, decided, abandon_on_cancel=True)  # type: ignore[call-arg]
-        except Exception:
-            log.exception("could not verify %d group(s) of %d push(es)", len(work), len(live))
-            for item in live:
-                back = coord.discard_hold(item.hold_id, "verify_error")
-                log.warning("verification of %s's push failed to run; %d held group(s) re-issued",
-                            item.peer_id[-6:], len(back))
+        """Check one held push (see the module docstring), then release, untrust or re-issue."""
+        coord = self.coordinator
+        if not coord.holding(item.hold_id):  # revoked or dropped meanwhile
+            return self._finish(item, passed=False)
+        newcomer = item.peer_id not in self.proven
+        if item.reissue or (newcomer and not self.newcomers.allow(item.peer_id)):
+            coord.discard_hold(item.hold_id, "unchecked", not_to=item.peer_id)
+            self.unchecked += 1
+            log.info("push of %s re-issued unchecked: this step's budget for %s is spent", item.peer_id[-6:],
+                     "replays" if item.reissue else "checking new peers")
             self.changes.notify()
-            return
-        at = 0
-        for item in live:
-            mine = reasons[at:at + len(item.picked)]
-            at += len(item.picked)
-            if not coord.holding(item.hold_id):
-                continue  # its peer was untrusted by an earlier push of this batch
-            failed = next(((gid, r) for (gid, _p, _r), r in zip(item.picked, mine) if r is not None), None)
-            if failed is not None:
+            return self._finish(item, passed=False)
+        try:
+            async with self._scoring:
+                verdicts, scored_s = await trio.to_thread.run_sync(  # trio-typing's stubs predate abandon_on_cancel
+                    self._verdicts, item, abandon_on_cancel=True)  # type: ignore[call-arg]
+        except Exception:
+            log.exception("could not verify the %d group(s) of a push of %s", len(item.picked), item.peer_id[-6:])
+            back = coord.discard_hold(item.hold_id, "verify_error")
+            log.warning("verification of %s's push failed to run; %d held group(s) re-issued", item.peer_id[-6:], len(back))
+            self.changes.notify()
+            return self._finish(item, passed=False)
+        if newcomer:
+            self.newcomers.measured(scored_s)
+        if any(why == SKIPPED for _test, why in verdicts.values()):  # not checkable: re-issued, nobody blamed
+            for gid in coord.discard_hold(item.hold_id, "unverifiable"):
+                if self.on_checked is not None:
+                    self.on_checked(item.peer_id, "skipped", True, gid)
+            self.changes.notify()
+            return self._finish(item, passed=False)
+        failed = next(((gid, why) for gid, (_test, why) in verdicts.items() if why is not None), None)
+        if self.on_checked is not None:
+            for gid, (test, why) in verdicts.items():
+                self.on_checked(item.peer_id, test, why is None, gid)
+        if failed is not None:
+            if coord.holding(item.hold_id):
                 self.untrust(item.peer_id, f"unverified: group {failed[0]}: {failed[1]}")
-                continue
-            released = coord.release(item.hold_id)
-            if released:
-                self.credit(item.peer_id, sum(item.completions.get(g, 0) for g in released))
-                self.changes.notify()
+            return self._finish(item, passed=False)
+        item.passed = True
+        self.proven.add(item.peer_id)
+        if item.replayed or item.fp32:
+            self.strict_proven.add(item.peer_id)
+        self._waiting.append(item)
+        self._release_ready()
+
+    def _verdicts(self, item: PendingCheck) -> tuple[dict[str, tuple[str, str | None]], float]:
+        """Per group of ``item``, the deciding test and its failure reason (None: passed): the
+        learner's draw pass (float32 for ``item.fp32``), its replay for ``item.replayed``; and the
+        seconds spent scoring (blocking: the worker thread)."""
+        out: dict[str, tuple[str, str | None]] = {}
+        checks = item.items()
+        t0 = time.perf_counter()
+        for check, why in zip(checks, self.verifier.check_groups(checks)):
+            out[check.result.group_id] = ("fp32" if check.fp32 else "draw", why)
+        scored_s = time.perf_counter() - t0
+        replays = [(item.peer_id, gid, p, r) for gid, p, r in item.picked if gid in item.replayed]
+        if replays:
+            for (_peer, gid, _p, _r), why in zip(replays, self.replay.check_groups(replays)):
+                out[gid] = ("replay", why)
+        return out, scored_s
+
+    async def _follow_tips(self, item: PendingCheck) -> None:
+        """Validators' replays of ``item``'s groups, after its own checks released it: a tip, never
+        a verdict (``learner/validator_desk.py``). A validator whose replay differs is judged by the
+        learner's own checks: its replay through the draw check (failing it untrusts the
+        validator), and the producer's group in float32 where its class allows (failing it
+        untrusts the producer, by the learner's check); when both pass, the validator disagreed
+        with the learner's own check and loses its role."""
+        jobs = [(item.peer_id, gid, p, r) for gid, p, r in item.picked if gid in item.validated]
+        try:
+            answers = await self.validators.check_all(jobs)
+            for (peer, gid, prompt, result) in jobs:
+                got = answers.get(gid)
+                if got is None or got == FALLBACK:
+                    continue
+                validator, replayed = got
+                if replayed is None:  # identical to the pushed group
+                    if self.on_checked is not None:
+                        self.on_checked(peer, "validator", True, gid)
+                    continue
+                async with self._scoring:
+                    verdict = await trio.to_thread.run_sync(  # type: ignore[call-arg]
+                        self._judge_dispute, item, validator, prompt, result, replayed, abandon_on_cancel=True)
+                self.validators.settle_dispute(validator, peer, gid, *verdict)
+                if verdict[1] is not None:
+                    if self.on_checked is not None:
+                        self.on_checked(peer, "fp32", False, gid)
+                    self.untrust(peer, f"unverified: group {gid}: {verdict[1]} (looked at closer after a validator's replay)")
+        except Exception:
+            log.exception("could not follow the validators' replays of a push of %s", item.peer_id[-6:])
+
+    def _judge_dispute(self, item: PendingCheck, validator: str, prompt: list[int], result: Any,
+                       replayed: Any) -> tuple[str | None, str | None]:
+        """(why the validator's replay fails the learner's draw check, why the producer's group
+        fails the learner's float32 check): the learner's own checks decide a dispute."""
+        v = self.verifier
+        vcls = self.class_of(validator)
+        why_v = v.check_groups([GroupToCheck(validator, self.backend_of(validator), vcls, prompt, replayed)])[0]
+        strict = v.train_precision != "fp32" and v.strict_fp32(item.cls)
+        why_p = v.check_groups([GroupToCheck(item.peer_id, item.backend, item.cls, prompt, result, fp32=True)])[0] \
+            if strict else None
+        return why_v, why_p
+
+    def _release_ready(self) -> None:
+        """Release every checked push whose peer's earlier strict pushes have all passed."""
+        progress = True
+        while progress:
+            progress = False
+            for item in list(self._waiting):
+                if item.after is not None and not item.after.done:
+                    continue
+                self._waiting.remove(item)
+                released = self.coordinator.release(item.hold_id) if item.after is None or item.after.passed else []
+                if released:
+                    self.credit(item.peer_id, sum(item.completions.get(g, 0) for g in released))
+                    self.changes.notify()
+                self._finish(item, passed=item.after is None or item.after.passed)
+                progress = True
+
+    def _finish(self, item: PendingCheck, passed: bool) -> None:
+        item.done, item.passed = True, passed
+        if self.open_strict.get(item.peer_id) is item:
+            del self.open_strict[item.peer_id]
+        if any(w.after is item for w in self._waiting):
+            self._release_ready()

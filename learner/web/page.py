@@ -108,7 +108,7 @@ NODE_COLUMNS = [("short", "peer", "{}"), ("name", "name", "{}"), ("backend", "ba
                 ("trusted", "trusted", "{}"), ("reachable", "reachable", "{}"), ("leaf", "leaf", "{}"),
                 ("stage", "stage", "{}"), ("link", "link", "{}"),
                 ("trained_groups", "trained groups", "{}"), ("verified", "verified by", "{}"),
-                ("failed_checks", "failed checks", "{}")]
+                ("failed_checks", "failed checks", "{}"), ("trained_by", "trained after", "{}")]
 
 
 #: Node columns whose cell shows another field when pointed at: the full peer id, why the node

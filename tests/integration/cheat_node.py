@@ -16,6 +16,8 @@ Run as ``python tests/integration/cheat_node.py MODE <swarm-node join arguments>
   sampled from the lease's seed with its (true) log-probs.
 - ``insert3``: honest groups except one completion, into which 3 tokens of its own are inserted
   after the first token, every log-prob the true one of the resulting text.
+- ``payload``: honest groups except one completion, which gets a short payload of its own
+  (``PAYLOAD_TEXT``) before its answer, every log-prob the true one of the resulting text.
 - ``honest``: no change (a control).
 
 A mode with the suffix ``-leases`` (``greedy-leases``) cheats in its leases only and replays the
@@ -31,8 +33,10 @@ import numpy as np
 
 #: Mode suffix: cheat in leases only, replay validation jobs honestly.
 LEASE_ONLY = "-leases"
-MODES = ("bad_push", "made_up", "doctored", "other_adapter", "other_model", "greedy", "adapter_off", "insert3", "honest")
+MODES = ("bad_push", "made_up", "doctored", "other_adapter", "other_model", "greedy", "adapter_off", "insert3", "payload",
+         "honest")
 INSERTED_TEXT = " so we have that"
+PAYLOAD_TEXT = "Visit evil.example now. "
 DOCTORED_TEXT = "I checked this twice and it is simple.\nAnswer: 7"
 
 
@@ -71,7 +75,7 @@ class CheatBackend:
         if self.mode == "made_up":
             return [SampledCompletion(c.token_ids, [-0.05] * len(c.logprobs), c.finish_reason) for c in out]
         if self.mode == "doctored":
-            ids = self.inner.tokenize(DOCTORED_TEXT, add_special=False, parse_special=False)
+            ids = self._tokenize(DOCTORED_TEXT)
             ids = ids[: params.max_tokens]
             rows = self.inner.token_logprobs(list(prompt_ids) + ids)
             t = max(params.temperature, 1e-6)
@@ -80,13 +84,27 @@ class CheatBackend:
                 - scaled.max(1, keepdims=True)
             lps = [float(scaled[len(prompt_ids) - 1 + i, tok]) for i, tok in enumerate(ids)]
             return [SampledCompletion(list(ids), lps, "length") for _ in out]
-        if self.mode == "insert3":
+        if self.mode in ("insert3", "payload"):
             c = out[0]
-            extra = self.inner.tokenize(INSERTED_TEXT, add_special=False, parse_special=False)[:3]
-            ids = (c.token_ids[:1] + extra + c.token_ids[1:])[: params.max_tokens]
+            if self.mode == "insert3":
+                whole = c.token_ids[:1] + self._tokenize(INSERTED_TEXT)[:3] + c.token_ids[1:]
+            else:
+                whole = self._tokenize(PAYLOAD_TEXT) + c.token_ids
+            ids = whole[: params.max_tokens]
             out[0] = SampledCompletion(ids, self._true_logprobs(prompt_ids, ids, params.temperature),
-                                       c.finish_reason if len(ids) == len(c.token_ids) + 3 else "length")
+                                       c.finish_reason if len(ids) == len(whole) else "length")
         return out
+
+    def _tokenize(self, text):
+        """Token ids of ``text`` in the model's vocabulary (llama.cpp's tokenizer, or the HF
+        directory's for torch and MLX)."""
+        if self.inner.name == "llamacpp":
+            return self.inner.tokenize(text, add_special=False, parse_special=False)
+        if not hasattr(self, "_hf"):
+            from transformers import AutoTokenizer
+
+            self._hf = AutoTokenizer.from_pretrained(str(self.inner.model_dir))
+        return self._hf(text, add_special_tokens=False)["input_ids"]
 
     def _true_logprobs(self, prompt_ids, ids, temperature):
         rows = self.inner.token_logprobs(list(prompt_ids) + list(ids)) / max(temperature, 1e-6)

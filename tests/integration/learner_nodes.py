@@ -11,6 +11,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import trio
 
@@ -49,11 +50,13 @@ def spawn(addr: str, tmp: Path, node: Node) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
 
-def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[Node], seconds: float) -> dict:
-    """The run to its end (``trio.TooSlowError`` after ``seconds``). Returns ``svc`` (the
-    learner's service), ``procs``, ``logs`` (node name -> its log's text), ``peer_of`` (node name
-    -> peer id, from the node's ``[name] peer ...`` line; None if it never joined), the metrics
-    ``rows`` and the work ledger ``work`` of ``swarm.json``."""
+def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[Node], seconds: float,
+        also: Callable[[str], list[subprocess.Popen]] | None = None) -> dict:
+    """The run to its end (``trio.TooSlowError`` after ``seconds``). ``also(learner address)``
+    starts more processes beside the nodes (stopped with them). Returns ``svc`` (the learner's
+    service), ``procs``, ``logs`` (node name -> its log's text), ``peer_of`` (node name -> peer id,
+    from the node's ``[name] peer ...`` line; None if it never joined), the metrics ``rows`` and the
+    work ledger ``work`` of ``swarm.json``."""
     procs: list[subprocess.Popen] = []
     seen: dict = {}
 
@@ -65,6 +68,8 @@ def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[Node], seconds: float) -
                     on_service=lambda svc: seen.setdefault("svc", svc), task_status=task_status))
                 for node in nodes:
                     procs.append(spawn(addrs[0], tmp_path, node))
+                if also is not None:
+                    procs.extend(also(addrs[0]))
 
     try:
         trio.run(main)

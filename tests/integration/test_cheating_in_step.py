@@ -1,6 +1,7 @@
-"""Cheaters caught by the check made on the training step's own forward (``verify.in_step``, the
-default in sequential mode), with real processes: exact replay off, so the statistical check on
-the training forward is the one that judges every picked group."""
+"""Every group checked, part of them on the training step's own forward (``verify.in_step``, the
+default in sequential mode), with real processes: exact replay off. New peers' pushes are checked by
+the verify worker (a cheater among them is caught before any step trains on it), a proven peer's
+latest pushes on the step's forward."""
 
 import pytest
 
@@ -12,11 +13,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_cheaters_fail_on_the_training_forward_and_the_step_trains_a_whole_honest_batch(tmp_path):
+def test_cheaters_are_caught_at_their_first_group_and_the_steps_train_whole_honest_batches(tmp_path):
     """Two cheaters (made-up log-probs; their own text with its true log-probs) beside one honest
-    node: each is untrusted at its first checked group, the step that found them trained nothing
-    and waited for their groups' replacements, so both steps train their whole batch, all of it
-    from the honest node, and no check ran in the background."""
+    node: each is untrusted at its first checked group, nothing of theirs is trained, both steps
+    train their whole batch, all of it from the honest node, whose latest groups were checked on
+    the training step's own forward."""
     cheats = ["made_up", "doctored"]
     cfg = config("train.group_size=4", "train.max_tokens=32", "train.prompts_per_step=3",
                  "sync.min_waiting_nodes=3", "replay.enabled=false")
@@ -33,5 +34,5 @@ def test_cheaters_fail_on_the_training_forward_and_the_step_trains_a_whole_hones
     assert svc.coordinator.counts() == {"trained": 6}  # whole batches: 3 groups per step
     assert [r["samples"] for r in rows] == [12, 12]
     assert sum(r["verify_failed"] for r in rows) == len(cheats)
-    assert sum(r["verify_in_step_s"] for r in rows) > 0  # judged inside the training step ...
-    assert sum(r["time_verify_s"] for r in rows) == 0  # ... and nothing in the background
+    assert sum(r["verify_groups"] for r in rows) >= 6  # every trained group checked, the cheaters' too
+    assert sum(r["verify_in_step_s"] for r in rows) > 0  # some judged inside the training step

@@ -1,10 +1,11 @@
 """Validators with real processes: ``swarm-node`` torch (and, for the honest pair, MLX) processes
-on a tiny random Qwen3 (an HF directory, so the learner has no GGUF and cannot replay them itself) over real libp2p against an
-in-process learner. A picked group is replayed by another torch node of the same declared class
-(``learner/validator_desk.py``), handed out through its work long poll: an honest producer is
-confirmed by its validator; a cheating producer (greedy text with the policy's true log-probs,
-``tests/integration/cheat_node.py``) is caught with ``validator`` as the catching test, refereed
-by a second validator."""
+on a tiny random Qwen3 (an HF directory, so the learner has no GGUF and cannot replay them itself)
+over real libp2p against an in-process learner. A picked group is also replayed by another torch
+node of the same declared class (``learner/validator_desk.py``), handed out through its work long
+poll, after the learner's own checks released it: an honest producer is corroborated by its
+validator; a cheating producer (greedy text with the policy's true log-probs,
+``tests/integration/cheat_node.py``) is caught by the learner's own draw check, whatever its
+validators say; a node cheating in its replays too is untrusted by the draw check of its replay."""
 
 from __future__ import annotations
 
@@ -37,62 +38,58 @@ def run(tmp_path: Path, nodes: list[tuple[str, str | None]], *extra: str, second
 
 
 def figures(out: dict) -> dict:
-    keys = ("groups", "failed", "fallback", "disagreements", "inconclusive", "untrusted")
+    keys = ("groups", "agreed", "fallback", "disagreements", "caught", "untrusted", "demoted")
     return {k: sum(r.get(f"validator_{k}", 0) for r in out["rows"]) for k in keys}
 
 
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("backend", ["torch", "mlx"])
 def test_an_honest_producer_is_confirmed_by_its_validator(tmp_path, backend):
-    out = run(tmp_path, [("a", None), ("b", None)], backend=backend)
+    # two steps: a validator answers after the learner's own check released the group
+    out = run(tmp_path, [("a", None), ("b", None)], "train.steps=2", backend=backend)
     svc, work, peer_of = out["svc"], out["work"], out["peer_of"]
-    assert [r["step"] for r in out["rows"]] == [1], out["logs"]
+    assert [r["step"] for r in out["rows"]] == [1, 2], out["logs"]
     assert not svc.admission.untrusted
     for name, p in peer_of.items():
         assert work[p]["verified"].get("validator", 0) >= 1 and work[p]["failed"] == {}, (name, work[p])
         assert "validation job" in out["logs"][name]  # each replayed the other's group
     f = figures(out)
     print(backend, "validators:", f, "ledger:", {n: work[p]["verified"] for n, p in peer_of.items()})
-    assert f["groups"] >= 2 and f["failed"] == 0 and f["disagreements"] == 0  # measured: none on one class
+    assert f["groups"] >= 2 and f["agreed"] == f["groups"] and f["disagreements"] == 0  # measured: none on one class
 
 
 @pytest.mark.timeout(1500)
-def test_a_cheating_producer_is_caught_by_two_validators(tmp_path):
+def test_a_cheating_producer_is_caught_by_the_learners_own_check(tmp_path):
     """Greedy text in its leases, honest replays of the jobs it is handed (``greedy-leases``): the
-    cheater is caught as a producer, its group disagreeing with two validators."""
+    learner's own draw check catches it at its first group (a float32 pass: a torch float32 node
+    under a bf16 learner); validators decide nothing."""
     out = run(tmp_path, [("greedy", "greedy-leases"), ("h1", None), ("h2", None)], seconds=1300)
     svc, work, peer_of = out["svc"], out["work"], out["peer_of"]
     untrusted, cheat = svc.admission.untrusted, peer_of["greedy"]
     assert set(untrusted) == {cheat}, (untrusted, out["logs"]["greedy"][-2000:])
-    assert "validator: completion" in untrusted[cheat] and "a second validator agrees" in untrusted[cheat]
-    assert work[cheat]["failed"] == {"validator": 1} and work[cheat]["groups_trained"] == 0, work[cheat]
+    assert "draw check (torch-fp32, fp32)" in untrusted[cheat]
+    assert work[cheat]["failed"] == {"fp32": 1} and work[cheat]["groups_trained"] == 0, work[cheat]
     for h in ("h1", "h2"):
-        assert work[peer_of[h]]["failed"] == {} and work[peer_of[h]]["verified"].get("validator", 0) >= 1
+        assert work[peer_of[h]]["failed"] == {} and work[peer_of[h]]["groups_trained"] >= 1
     assert cheat not in {p for r in out["rows"] for p in r["nodes"]}
-    f = figures(out)
-    print("validators:", f, "why:", untrusted[cheat])
-    assert f["failed"] == 1 and f["disagreements"] >= 1 and f["untrusted"] == 0
+    print("validators:", figures(out), "why:", untrusted[cheat])
 
 
 @pytest.mark.timeout(1500)
-def test_a_node_cheating_everywhere_is_caught_by_validators(tmp_path):
-    """Greedy text in its leases and in the jobs it replays: caught as a producer or as a validator,
-    whichever check comes first, and either way by validators."""
+def test_a_node_cheating_everywhere_is_caught_by_the_learners_checks(tmp_path):
+    """Greedy text in its leases and in the jobs it replays: caught as a producer by the draw check
+    of its first group, or, when it validated first, as a validator by the draw check of its replay."""
     out = run(tmp_path, [("greedy", "greedy"), ("h1", None), ("h2", None)], seconds=1300)
     svc, work, peer_of = out["svc"], out["work"], out["peer_of"]
     untrusted = svc.admission.untrusted
     cheat = peer_of["greedy"]
     assert set(untrusted) == {cheat}, (untrusted, out["logs"]["greedy"][-2000:])
     why = untrusted[cheat]
-    # caught as a producer (its group disagrees with two validators) or, when it validated first,
-    # as a validator whose replay disagrees with two others: either way by validators, not re-scoring
-    assert ("validator: completion" in why and work[cheat]["failed"] == {"validator": 1}) or \
-        "validator disagreed with two others" in why, (why, work[cheat])
+    assert ("draw check" in why and work[cheat]["failed"] == {"fp32": 1}) or "not drawn from the job's seed" in why, \
+        (why, work[cheat])
     assert work[cheat]["groups_trained"] == 0
     for h in ("h1", "h2"):
         assert work[peer_of[h]]["failed"] == {}, (h, work[peer_of[h]])
-    trained_by = {p for r in out["rows"] for p in r["nodes"]}
-    assert cheat not in trained_by
-    f = figures(out)
-    print("validators:", f, "why:", why, "ledger:", {n: (work[p]["verified"], work[p]["failed"]) for n, p in peer_of.items()})
-    assert f["disagreements"] >= 1 and f["failed"] + f["untrusted"] >= 1
+    assert cheat not in {p for r in out["rows"] for p in r["nodes"]}
+    print("validators:", figures(out), "why:", why, "ledger:", {n: (work[p]["verified"], work[p]["failed"])
+                                                             for n, p in peer_of.items()})

@@ -41,13 +41,14 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
         "sync.regate_each_version=true", "sync.gate_timeout_s=12.0",
         "dissem.fan_out=3", "dissem.chunk_bytes=131072", "dissem.stall_timeout_s=2.0",
         "dashboard.enabled=true", f'dashboard.listen="127.0.0.1:{port}"', "dashboard.min_update_s=0.5",
-        "verify.sample_frac=0.5", "verify.first_groups=3", "verify.max_abs_z=5.0",
+        "verify.sample_frac=0.5", "verify.first_groups=3", "verify.max_abs_z=5.0", "verify.newcomer_s_per_step=7.5",
+        'verify.draw_tolerance={"llamacpp@bf16" = [0.05, 2]}',
         'run.name="wiring-test"',
         "pipeline.prompt_tokens=128", "pipeline.in_flight=3", "pipeline.stale_s=100.0",
         "pipeline.usable_fraction=0.8", "pipeline.hop_s=0.01", "pipeline.min_gain=0.3", "pipeline.cooldown_s=7.0",
         "limits.requests_per_min_peer=999.0", "limits.streams_per_block=77",
         "nat.relay_max_circuits=3", "nat.relay_circuit_bytes=12345",
-        "replay.budget_s_per_step=12.5", "replay.contexts=3", "replay.max_threads=9",
+        "replay.budget_s_per_step=12.5", "replay.contexts=3", "replay.max_threads=9", "replay.burst_steps=3",
         "validators.deadline_s=77.0", "validators.max_logprob_diff=0.01", "validators.max_jobs_per_peer=2",
         'report.to=["tensorboard"]',
     ])
@@ -121,6 +122,9 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
     checked.add("verify")
     v = svc.verifier.cfg
     assert (v.sample_frac, v.first_groups, v.max_abs_z) == (0.5, 3, 5.0)
+    assert svc.checks.newcomers.budget_s_per_step == 7.5  # the verify queue's budget for new peers' checks
+    tol = svc.verifier.tolerance("llamacpp", "bf16")  # the draw check's (learner/draw_check.py)
+    assert (tol.eps, tol.allowed) == (0.05, 1)  # never wider than the widest class: allowed capped
 
     checked.add("run")
     assert svc.settings.run_name == "wiring-test"
@@ -141,7 +145,7 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
 
     checked.add("replay")
     rp = svc.checks.replay  # the learner's llama.cpp replayer, in the verify queue (learner/replay.py)
-    assert (rp.cfg.contexts, rp.cfg.max_threads, rp.budget.budget_s_per_step, rp.budget.first_groups) == (3, 9, 12.5, 3)
+    assert (rp.cfg.contexts, rp.cfg.max_threads, rp.budget.budget_s_per_step, rp.budget.keep_steps) == (3, 9, 12.5, 3)
 
     checked.add("validators")
     vd = svc.validators  # validator nodes' desk (learner/validator_desk.py), used by the verify queue

@@ -11,7 +11,7 @@ import trio
 from learner.coordinator import Coordinator, Limits
 from learner.ledger import WorkLedger
 from learner.config import ReplayConfig
-from learner.replay import ReplayBudget, compare_group, numerics_of, replayable
+from learner.replay import ReplayBudget, compare_group, numerics_of, replay_numerics
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from swarm.config import ConfigError
 from swarm.proto.hello import Hello
@@ -26,16 +26,36 @@ def test_numerics_are_read_from_a_llamacpp_hello():
     n = numerics_of("llamacpp", EXTRA)
     assert n is not None and n.max_group == 8 and n.n_ctx == 2048 and n.kv_unified is False
     assert n.layout() == (2, 8, 512, 2048, "f16", "auto", False)
-    assert replayable(n, EXTRA["llama_build"], SHA)
-    assert not replayable(n, "llama-cpp-python 0.3.36 | CPU : AVX512 = 1", SHA)  # another build
-    assert not replayable(n, EXTRA["llama_build"], "cd" * 32)  # another GGUF (quantisation)
-    assert not replayable(None, EXTRA["llama_build"], SHA)
-    # a declared context beyond the learner's bounds is not replayed (no allocation without bound)
-    big = numerics_of("llamacpp", {**EXTRA, "n_ctx": "131072", "max_group": "64"})
-    assert big is not None and not replayable(big, EXTRA["llama_build"], SHA)
-    assert replayable(big, EXTRA["llama_build"], SHA, max_kv_cells=131072 * 64)
-    many = numerics_of("llamacpp", {**EXTRA, "n_threads": "200"})
-    assert not replayable(many, EXTRA["llama_build"], SHA) and replayable(many, EXTRA["llama_build"], SHA, max_threads=256)
+
+
+def replay_as(extra: dict, cfg: ReplayConfig = ReplayConfig(), build: str = EXTRA["llama_build"], sha: str = SHA,
+              group: int = 8, prompt: int = 120, max_tokens: int = 64):
+    return replay_numerics(numerics_of("llamacpp", extra), build, sha, cfg, group, prompt, max_tokens)
+
+
+def test_the_learner_replays_within_its_own_bounds_whatever_a_node_declares():
+    r = replay_as(EXTRA)
+    assert r is not None and r.n_threads == 2 and r.max_group == 8 and r.n_batch == 512 and r.n_ctx == 1024
+    assert replay_as(EXTRA, build="llama-cpp-python 0.3.36 | CPU : AVX512 = 1") is None  # another build
+    assert replay_as(EXTRA, sha="cd" * 32) is None  # another GGUF (quantisation)
+    assert replay_numerics(None, EXTRA["llama_build"], SHA, ReplayConfig(), 8, 120, 64) is None
+    # the most expensive layout a hello can declare costs what the learner's own settings allow:
+    # 64 x 131072 cells and 8192-token chunks decode a group of 8 with a 120-token prompt exactly as
+    # 8 x 1024 cells and one 2048-token chunk do (measured: docs/benchmarks.md, "Exact replay")
+    big = replay_as({**EXTRA, "n_ctx": "131072", "max_group": "64", "n_batch": "8192"})
+    assert big is not None and (big.n_ctx, big.max_group, big.n_batch) == (1024, 8, 2048)
+    assert big.n_ctx * big.max_group <= ReplayConfig().max_kv_cells
+    # ... unless the node decoded a prompt in chunks the learner will not allocate, or had room it lacks
+    assert replay_as({**EXTRA, "n_batch": "8192"}, prompt=4000, max_tokens=64) is None
+    assert replay_as(EXTRA, prompt=1000, max_tokens=64) is None
+    small = replay_as({**EXTRA, "n_ctx": "256"}, prompt=200, max_tokens=64)  # it cut completions short
+    assert small is not None and small.n_ctx == 256
+    # a group decoded in chunks smaller than the group keeps its chunks (rows decoded together)
+    assert replay_as({**EXTRA, "max_group": "4"}).max_group == 4
+    assert replay_as({**EXTRA, "max_group": "16", "n_batch": "4"}).n_batch == 16  # the node's prompt chunk
+    # threads: the node's own count, up to the learner's bound
+    assert replay_as({**EXTRA, "n_threads": "65"}) is None
+    assert replay_as({**EXTRA, "n_threads": "65"}, ReplayConfig(max_threads=128)).n_threads == 65
 
 
 @pytest.mark.parametrize("change", [
@@ -77,25 +97,28 @@ def test_log_probs_must_agree_within_the_bound_nan_included():
     assert "log-probs differ" in compare_group([([1, 2, 3], [-0.5, -0.5])], g, 1e-4)
 
 
-def test_the_budget_spares_first_groups_and_stops_established_peers_when_spent():
-    b = ReplayBudget(budget_s_per_step=10.0, first_groups=2)
-    b.measured(4.0)
-    assert b.allow("new") and b.allow("new")  # first groups: always, never charged
-    assert b.charged == 0
-    assert b.allow("old") and b.allow("old") and b.charged == 0
-    assert b.allow("new") and b.allow("old") and b.allow("new")  # 3 x 4 s charged: the third crosses 10 s
-    assert b.charged == 3 and not b.allow("new") and not b.allow("old")
-    assert all(b.allow(f"stranger{i}") for i in range(20))  # strangers' first groups cannot spend it
-    b.new_step()  # +10 s of credit pays the 2 s debt first
-    assert b.allow("old") and b.allow("old") and not b.allow("old")
-    small = ReplayBudget(budget_s_per_step=2.0, first_groups=0)  # less than one replay: one every 4 steps
-    small.measured(8.0)
-    allowed = []
+def test_the_budget_charges_every_check_new_peers_included_and_keeps_a_burst():
+    b = ReplayBudget(budget_s_per_step=10.0, keep_steps=2)  # starts with 20 s of credit
+    b.group_s = 4.0  # one check costs 4 s
+    assert b.allow("new") and b.allow("new") and b.charged == 2  # first groups are charged too
+    allowed = sum(b.allow(f"stranger{i}") for i in range(20))
+    assert allowed == 3 and not b.allow("old")  # 20 s pays for 5 checks, whoever asks
+    b.new_step()  # +10 s of credit
+    assert b.allow("old") and b.allow("old") and b.allow("old") and not b.allow("old")
+    for _ in range(5):
+        b.new_step()
+    assert b.credit == 20.0  # never more than keep_steps steps' worth
+    small = ReplayBudget(budget_s_per_step=2.0, group_s=8.0, credit=0.0)  # less than one replay: one every 4 steps
+    allowed_per_step = []
     for _ in range(12):
-        allowed.append(sum(small.allow("old") for _ in range(3)))
         small.new_step()
-    assert allowed == [1, 0, 0, 0] * 3
-    unlimited = ReplayBudget(0.0, 0)
+        allowed_per_step.append(sum(small.allow("old") for _ in range(3)))
+    assert allowed_per_step == [1, 0, 0, 0] * 3
+    b = ReplayBudget(budget_s_per_step=5.0)
+    assert b.allow("p") and b.credit == 5.0
+    b.measured(7.0)  # the check took 7 s: charged after the fact, a debt
+    assert b.credit == -2.0 and not b.allow("p")
+    unlimited = ReplayBudget(0.0)
     unlimited.measured(100.0)
     assert all(unlimited.allow("p") for _ in range(50))
 
@@ -112,17 +135,21 @@ def test_the_ledger_counts_each_nodes_work_and_keeps_untrusted_nodes():
     led = WorkLedger()
     led.pushed("a", "llamacpp", accepted=3, rejected=1, tokens=400)
     led.pushed("b", "torch", accepted=2, rejected=0, tokens=100)
-    led.checked("a", "replay", True)
-    led.checked("a", "replay", True)
+    led.checked("a", "replay", True, "g1")
+    led.checked("a", "replay", True, "g2")
+    led.checked("a", "draw", True, "g1")
+    led.checked("a", "draw", True, "g3")
     led.checked("b", "stats", False)
     led.checked("b", "skipped", True)
     led.untrusted("b", "unverified: group g1: claims")
-    led.trained({"a": 3})
+    led.trained({"a": 3}, {"a": ["g1", "g2", "g3"]})
     s = led.summary()
     assert s["a"]["groups_pushed"] == 4 and s["a"]["groups_rejected"] == 1 and s["a"]["groups_trained"] == 3
-    assert s["a"]["verified"] == {"replay": 2} and s["a"]["verified_groups"] == 2 and s["a"]["tokens_generated"] == 400
+    assert s["a"]["verified"] == {"replay": 2, "draw": 2} and s["a"]["verified_groups"] == 4
+    assert s["a"]["tokens_generated"] == 400 and not led.group_checks
+    assert s["a"]["trained_by"] == {"draw+replay": 1, "replay": 1, "draw": 1}  # which checks each trained group passed
     assert s["b"]["failed"] == {"stats": 1} and s["b"]["verified_groups"] == 0 and s["b"]["untrusted"].startswith("unverified")
-    assert led.totals() == {"trained": 3, "verified_replay": 2, "failed_stats": 1, "verified_skipped": 1}
+    assert led.totals() == {"trained": 3, "verified_replay": 2, "verified_draw": 2, "failed_stats": 1, "verified_skipped": 1}
     with pytest.raises(ValueError):
         led.checked("a", "vibes", True)
 
@@ -149,17 +176,19 @@ def test_the_report_and_the_dashboard_show_each_nodes_checked_work(tmp_path):
     for _ in range(3):
         led.checked("honest-peer-aaaaaa", "replay", True)
     led.checked("honest-peer-aaaaaa", "stats", True)
-    led.trained({"honest-peer-aaaaaa": 4})
+    led.checked("honest-peer-aaaaaa", "draw", True, "g1")
+    led.trained({"honest-peer-aaaaaa": 4}, {"honest-peer-aaaaaa": ["g1"]})
     led.pushed("cheat-peer-bbbbbb", "llamacpp", 1, 0, 200)
     led.checked("cheat-peer-bbbbbb", "replay", False)
     led.untrusted("cheat-peer-bbbbbb", "unverified: group g7: replay: completion 0 leaves the replay at token 1")
     swarm = {"nodes": {"honest-peer-aaaaaa": {"backend": "llamacpp", "device": "cpu", "groups": 4}}, "work": led.summary()}
     rows = {r["peer_id"]: r for r in report_nodes(swarm)}
-    assert rows["honest-peer-aaaaaa"]["verified"] == "replay 3, stats 1" and rows["honest-peer-aaaaaa"]["trained_groups"] == 4
+    assert rows["honest-peer-aaaaaa"]["verified"] == "draw 1, replay 3, stats 1" and rows["honest-peer-aaaaaa"]["trained_groups"] == 4
+    assert rows["honest-peer-aaaaaa"]["trained_by"] == "draw 1"  # which checks its trained groups passed
     cheat = rows["cheat-peer-bbbbbb"]
     assert cheat["failed_checks"] == "replay 1" and cheat["trusted"].startswith("no: unverified") and cheat["trained_groups"] == 0
     html = nodes_html(list(rows.values()))
-    assert "verified by" in html and "replay 3, stats 1" in html and "failed checks" in html
+    assert "verified by" in html and "replay 3, stats 1" in html and "failed checks" in html and "trained after" in html
 
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     service = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",
@@ -169,7 +198,7 @@ def test_the_report_and_the_dashboard_show_each_nodes_checked_work(tmp_path):
     service.roster.record_push("honest-peer-aaaaaa", 4, 8, 0, 900, 1.0)
     (row,) = nodes_view(service.statistics(), now=1.0)
     assert row["tokens_per_s"] == 900.0 and row["rollouts"] == 8
-    assert row["verified"] == "replay 3, stats 1" and row["trained_groups"] == 4 and row["failed_checks"] == ""
+    assert row["verified"] == "draw 1, replay 3, stats 1" and row["trained_groups"] == 4 and row["failed_checks"] == ""
 
 
 def test_a_chosen_group_is_replayed_with_the_numerics_declared_when_it_was_picked():
@@ -181,7 +210,7 @@ def test_a_chosen_group_is_replayed_with_the_numerics_declared_when_it_was_picke
 
     declared = {"p": numerics_of("llamacpp", EXTRA)}
     replay = LlamaCppReplay(ReplayConfig(), "unused.gguf", SamplingDefaults(1.0, 1.0, 8, 0),
-                            numerics_of=declared.get, adapter_of=lambda v: None, first_groups=2,
+                            numerics_of=declared.get, adapter_of=lambda v: None,
                             build=EXTRA["llama_build"], gguf_sha256=SHA)
     result = SimpleNamespace(group_id="g1", version=0, completions=[SimpleNamespace(token_ids=[1], logprobs=[-1.0], mask=[])])
     assert replay.choose("p", result)
@@ -193,3 +222,5 @@ def test_a_chosen_group_is_replayed_with_the_numerics_declared_when_it_was_picke
     replay.replay = lambda n, gid, prompt, size, version: seen.append(n.n_threads) or [([1], [-1.0])]
     assert replay.check_groups([("p", "g1", [1, 2], result)]) == [None]
     assert seen == [2]  # as declared when picked, not as now
+    declared["p"] = numerics_of("llamacpp", {**EXTRA, "n_threads": "65"})  # beyond the learner's bound
+    assert not replay.choose("p", result) and replay.can_replay("p", result, 2) is None

@@ -31,7 +31,7 @@ def setup():
     node.set_adapter(adapter)
     numerics = numerics_of("llamacpp", node.numerics())
     replay = LlamaCppReplay(ReplayConfig(), gguf, SamplingDefaults(1.0, 1.0, MAX_TOKENS, SEED),
-                            numerics_of=lambda peer: numerics, adapter_of=lambda v: adapter, first_groups=2).open()
+                            numerics_of=lambda peer: numerics, adapter_of=lambda v: adapter).open()
     yield node, replay, adapter
     replay.close()
     node.close()
@@ -82,7 +82,7 @@ def test_a_node_holding_the_first_published_adapter_of_a_version_is_not_flagged(
     numerics = numerics_of("llamacpp", node.numerics())
     replay = LlamaCppReplay(ReplayConfig(), _replay.gguf_path, SamplingDefaults(1.0, 1.0, MAX_TOKENS, SEED),
                             numerics_of=lambda peer: numerics, adapter_of=lambda v: served,
-                            first_published=lambda v: adapter, first_groups=2).open()
+                            first_published=lambda v: adapter).open()
     try:
         prompt = node.tokenize("<|im_start|>user\nWhat is 9 + 14?<|im_end|>\n<|im_start|>assistant\n")
         node.set_adapter(adapter)

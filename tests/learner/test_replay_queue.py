@@ -1,12 +1,15 @@
-"""The verify queue's choice of test (``learner/verify_queue.py`` with ``learner/replay.py``): a
-picked group of a node the learner can replay is checked by the replay, in the background worker
-(never deferred to the training step), a replay mismatch untrusts the node with the replay's
-reason, the others keep the statistical check, and the work ledger hears which test checked what.
-The replayer is a fake that compares with fixed "replayed" tokens; the real one is tested in
-``tests/learner/test_replay_llamacpp.py``."""
+"""The verify queue's strict checks (``learner/verify_queue.py`` with ``learner/replay.py``): a new
+node's first group is replayed when the learner can replay it, in the background worker (never on
+the training step), before any of that node's groups trains; a replay mismatch untrusts the node
+with the replay's reason; a first replay the budget cannot pay re-issues the push unchecked (nobody
+blamed, nothing trained); the others get the learner's draw check, and the work ledger hears which
+test checked what. The replayer is a fake that compares with fixed "replayed" tokens; the real one
+is tested in ``tests/learner/test_replay_llamacpp.py``."""
 
 from __future__ import annotations
 
+import threading
+import types
 
 import numpy as np
 import trio
@@ -24,21 +27,32 @@ HONEST = [5, 5]
 
 
 class FixedScores(Verifier):
-    def _score(self, prompt_ids, completions):
+    def _score(self, prompt_ids, completions, uniforms=None, fp32=False):
         return [Scored(np.full(len(ids), -1.0), np.ones(len(ids)), np.ones(len(ids))) for ids in completions]
 
 
 class FakeReplay:
-    """Replays peers named ``replay*``; the replay of every completion is ``HONEST``."""
+    """Replays peers named ``replay*``; the replay of every completion is ``HONEST``. ``budget``:
+    replays it may still start; ``gate``: set when replays may finish."""
 
-    def __init__(self):
+    def __init__(self, budget: int = 100):
         self.replayed: list[str] = []
+        self.budget = budget
+        self.gate = threading.Event()
+        self.gate.set()
 
-    def choose(self, peer_id, result):
-        return peer_id.startswith("replay")
+    def can_replay(self, peer_id, result, prompt_len):
+        return "numerics" if peer_id.startswith("replay") else None
+
+    def choose(self, peer_id, result, prompt_len=0):
+        if self.can_replay(peer_id, result, prompt_len) is None or self.budget <= 0:
+            return False
+        self.budget -= 1
+        return True
 
     def check_groups(self, items):
         out = []
+        assert self.gate.wait(10)
         for peer, gid, _prompt, result in items:
             self.replayed.append(gid)
             why = compare_group([(c.token_ids, c.logprobs) for c in result.completions],
@@ -47,13 +61,13 @@ class FakeReplay:
         return out
 
 
-def setup(in_step: bool):
+def setup(in_step: bool, replay_budget: int = 100):
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(6)])
     cfg = VerifyConfig(first_groups=5, sample_frac=0.0, budget_s_per_step=0.0,
-                       max_mean_abs_diff={"default": 0.3}, max_abs_z=100.0, surprisal_slack=0.2)
+                                max_mean_abs_diff={"default": 0.3}, max_abs_z=100.0, surprisal_slack=0.2)
     verifier = FixedScores(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0, in_step=in_step)
-    replay = FakeReplay()
+    replay = FakeReplay(replay_budget)
     svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",
                                                 model_name="m", long_poll_s=0.2),
                          admission=Admission(AdmissionPolicy()), verifier=verifier, replay=replay)
@@ -71,16 +85,15 @@ async def push(svc, peer, tokens):
 
 def test_replayable_groups_are_replayed_in_the_background_and_a_mismatch_untrusts():
     async def main():
-        svc, replay = setup(in_step=True)  # in-step checks would take the statistical ones
+        svc, replay = setup(in_step=True)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(svc.verify_loop)
             honest = await push(svc, "replay-honest", HONEST)
             cheat = await push(svc, "replay-cheat", [5, 9, 9, 9, 5][:4])
             other = await push(svc, "stats-node", HONEST)
             with trio.fail_after(10):
-                while len(replay.replayed) < 2 or not svc.admission.untrusted:
+                while len(replay.replayed) < 2 or not svc.admission.untrusted or svc.coordinator.ledger[other] == "held":
                     await trio.sleep(0.01)
-            assert svc.checks.deferred and all(i.peer_id == "stats-node" for i in svc.checks.deferred.values())
             svc.finish()
             nursery.cancel_scope.cancel()
         assert replay.replayed == [honest, cheat] and other not in replay.replayed
@@ -90,12 +103,53 @@ def test_replayable_groups_are_replayed_in_the_background_and_a_mismatch_untrust
         work = svc.ledger.summary()
         assert work["replay-honest"]["verified"] == {"replay": 1} and work["replay-honest"]["failed"] == {}
         assert work["replay-cheat"]["failed"] == {"replay": 1} and work["replay-cheat"]["untrusted"]
+        assert work["stats-node"]["verified"] == {"draw": 1}  # not replayable: the learner's draw check
         assert svc.coordinator.ledger[cheat] == "pending"  # re-issued to others
 
     trio.run(main)
 
 
-def test_without_a_replayer_every_picked_group_is_rescored():
+def test_a_nodes_later_groups_wait_for_its_first_replay():
+    async def main():
+        svc, replay = setup(in_step=False)
+        svc.verifier.cfg.first_groups = 1
+        replay.gate.clear()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(svc.verify_loop)
+            first = await push(svc, "replay-node", HONEST)
+            later = await push(svc, "replay-node", HONEST)  # not picked (nothing strict of its own) ...
+            await trio.sleep(0.3)
+            assert svc.coordinator.ledger[first] == svc.coordinator.ledger[later] == "held"  # ... but waits
+            replay.gate.set()
+            with trio.fail_after(10):
+                while svc.coordinator.ledger[later] != "completed":
+                    await trio.sleep(0.01)
+            assert svc.coordinator.ledger[first] == "completed" and replay.replayed == [first]
+            svc.finish()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_first_replay_the_budget_cannot_pay_is_reissued_unchecked_not_trained():
+    async def main():
+        svc, replay = setup(in_step=False, replay_budget=0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(svc.verify_loop)
+            g = await push(svc, "replay-new", HONEST)
+            with trio.fail_after(10):
+                while svc.coordinator.ledger[g] == "held":
+                    await trio.sleep(0.01)
+            svc.finish()
+            nursery.cancel_scope.cancel()
+        assert svc.coordinator.ledger[g] == "pending" and not svc.admission.untrusted  # nobody blamed
+        assert "replay-new" in svc.coordinator.refused_by[g]  # ... and not handed back to it
+        assert svc.checks.new_step()["verify_unchecked"] == 1 and replay.replayed == []
+
+    trio.run(main)
+
+
+def test_without_a_replayer_every_group_gets_the_learners_draw_check():
     async def main():
         svc, _ = setup(in_step=False)
         svc = LearnerService(svc.coordinator, svc.settings, admission=Admission(AdmissionPolicy()),
@@ -108,7 +162,7 @@ def test_without_a_replayer_every_picked_group_is_rescored():
                     await trio.sleep(0.01)
             svc.finish()
             nursery.cancel_scope.cancel()
-        assert svc.ledger.summary()["replay-cheat"]["verified"] == {"stats": 1}  # claims match: passes
+        assert svc.ledger.summary()["replay-cheat"]["verified"] == {"draw": 1}  # claims match; no draw here
         assert not svc.admission.untrusted
 
     trio.run(main)

@@ -1,4 +1,4 @@
-"""Validator assignment and refereeing (``learner/validators.py``), as pure functions."""
+"""Validator assignment and the settling of a dispute (``learner/validators.py``), as pure functions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from learner.validators import blind_request, device_class, pick_validator, referee
+from learner.validators import blind_request, device_class, dispute, pick_validator
 
 EXTRA = {"build": "torch 2.13.0 cuda 12.4", "dtype": "bfloat16", "max_group": "8"}
 
@@ -48,22 +48,11 @@ def test_a_blind_request_names_neither_the_group_nor_the_producer():
                             "max_tokens", "seed"}
 
 
-@pytest.mark.parametrize("first_agrees, s_p, s_f, outcome, untrusted", [
-    (True, None, None, "pass", ()),
-    (False, True, False, "validator", ("v1",)),  # the first validator disagrees with two others
-    (False, False, True, "producer", ("p",)),  # the producer disagrees with two others
-    (False, False, False, "inconclusive", ()),  # three answers: nobody untrusted
-    (False, True, True, "pass", ()),
+@pytest.mark.parametrize("validator_fails, producer_fails, outcome", [
+    (True, False, "validator"),  # its replay fails the learner's draw check: untrusted
+    (True, True, "validator"),
+    (False, True, "producer"),  # the learner's own strict check fails the producer
+    (False, False, "demote"),  # it disagrees with the learner's own check: loses its role, nobody untrusted
 ])
-def test_the_side_that_disagrees_with_two_others_is_untrusted(first_agrees, s_p, s_f, outcome, untrusted):
-    second = None if first_agrees else "v2"
-    v = referee("p", "v1", first_agrees, second, s_p, s_f)
-    assert v.outcome == outcome and v.untrust == untrusted
-
-
-def test_a_disagreement_asks_a_second_validator_before_anyone_is_untrusted():
-    assert referee("p", "v1", False).outcome == "second"
-    with pytest.raises(ValueError):
-        referee("p", "v1", False, "v1", True, False)  # the second validator must be a third peer
-    with pytest.raises(ValueError):
-        referee("p", "v1", False, "v2")
+def test_the_learners_checks_decide_a_dispute_never_a_validators_word(validator_fails, producer_fails, outcome):
+    assert dispute(validator_fails, producer_fails) == outcome

@@ -44,6 +44,16 @@ def test_checked_groups_go_first_into_the_first_minibatch(ids, first, parts):
         assert [len(p) for p in out] == [len(range(k, len(ids), min(parts, len(ids)))) for k in range(len(out))]
 
 
+@pytest.mark.parametrize("first", [{"a"}, {"e"}, {"a", "e"}])
+def test_checks_of_the_groups_the_first_minibatch_holds_anyway_change_no_update(first):
+    """The verify queue leaves the step exactly the groups its first minibatch holds without
+    checks (every ``parts``-th): then every update trains the same groups in the same order as
+    without checks (``learner/verify_queue.py``; the default demo's learning is unchanged)."""
+    ids = ["a", "b", "c", "d", "e", "f", "g", "h"]
+    out = first_minibatch_order(fake_groups(ids), first, 4)
+    assert [[g[0].group_id for g in part] for part in out] == [["a", "e"], ["b", "f"], ["c", "g"], ["d", "h"]]
+
+
 def recorder(verdicts, seen):
     def make(gid):
         def judge(scored):
@@ -87,7 +97,7 @@ def test_in_step_scores_are_the_separate_passes_and_cost_no_extra_forward(tmp_pa
     assert checks.judged == 2 and checks.fused == 2 and not checks.failed
     assert n_checked[0] == n_plain[0]  # one forward per micro-batch, checks included
     for gid in ("g1", "g2"):
-        for got, (lp, h, v) in zip(seen[gid], want[gid]):
+        for got, (lp, h, v, _d) in zip(seen[gid], want[gid]):
             np.testing.assert_allclose(got.logprobs, lp, atol=2e-3)
             np.testing.assert_allclose(got.entropy, h, atol=2e-3)
             np.testing.assert_allclose(got.variance, v, atol=5e-3)

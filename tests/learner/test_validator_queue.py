@@ -1,9 +1,10 @@
 """Validators through the service (``learner/service.py`` + ``learner/verify_queue.py`` +
-``learner/validator_desk.py``): a picked group of a torch node is handed as a blind job to a node
-of the same class in the reply to its work long poll, the answer comes back on the validate
-handler, and the verify queue releases, untrusts (with ``validator`` as the test in the work
-ledger) or falls back to re-scoring. The nodes are trio tasks calling the handlers; real node
-processes are in ``tests/integration/test_validators.py``."""
+``learner/validator_desk.py``): a picked group of a torch node is decided by the learner's own
+checks; it is also handed as a blind job to a node of the same class in the reply to its work long
+poll, the answer comes back on the validate handler, and a replay that differs is settled by the
+learner's own checks of both sides: validators never untrust, pass or hold a group themselves. The
+nodes are trio tasks calling the handlers; real node processes are in
+``tests/integration/test_validators.py`` and ``tests/integration/test_draw_cheaters.py``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import trio
 from learner.admission import Admission, AdmissionPolicy
 from learner.coordinator import Coordinator, GroupSpec, Limits
 from learner.service import LearnerService, Refused, SamplingDefaults, ServiceSettings
-from learner.config import ValidatorConfig
+from learner.config import ValidatorConfig, VerifyConfig
 from learner.verify import Scored, Verifier
 from swarm.proto.hello import Hello
 from swarm.proto.rollouts import Completion, GroupResult, RolloutPush
@@ -26,15 +27,21 @@ TORCH = {"build": "torch 2.9 cpu", "dtype": "float32", "max_group": "8"}
 
 
 class FixedScores(Verifier):
-    def _score(self, prompt_ids, completions):
-        return [Scored(np.full(len(ids), -1.0), np.ones(len(ids)), np.ones(len(ids))) for ids in completions]
+    """Every claim (-1.0) matches; the draw check finds token 5 where its uniform fell, any other
+    token far from it (0.9 of probability mass)."""
+
+    def _score(self, prompt_ids, completions, uniforms=None, fp32=False):
+        self.fp32_passes = getattr(self, "fp32_passes", 0) + int(fp32)
+        return [Scored(np.full(len(ids), -1.0), np.ones(len(ids)), np.ones(len(ids)),
+                       None if uniforms is None else np.array([0.0 if t == 5 else 0.9 for t in ids]))
+                for ids in completions]
 
 
 def setup(validators: ValidatorConfig | None = None):
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(8)])
     cfg = VerifyConfig(first_groups=5, sample_frac=0.0, budget_s_per_step=0.0,
-                       max_mean_abs_diff={"default": 0.3}, max_abs_z=100.0, surprisal_slack=0.2)
+                                max_mean_abs_diff={"default": 0.3}, max_abs_z=100.0, surprisal_slack=0.2)
     verifier = FixedScores(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0, in_step=False)
     return LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",
                                                  model_name="m", long_poll_s=0.2),
@@ -79,93 +86,91 @@ async def validator(svc, peer, tokens, jobs):
             await trio.sleep(0.01)
 
 
-def test_validators_confirm_the_honest_and_catch_the_cheater():
+def run(svc, producers: dict[str, list[int]], validators: dict[str, list[int]], until, within_s: float = 20):
+    """The verify worker, validator nodes answering with their tokens, each producer's push; then
+    wait for ``until()``. Returns (group id per producer, jobs handed out)."""
     async def main():
-        svc = setup()
         jobs: list = []
-        for peer in ("p-honest", "p-cheat", "v1", "v2"):
+        gids = {}
+        for peer in (*producers, *validators):
             await hello(svc, peer)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(svc.verify_loop)
-            for v in ("v1", "v2"):
-                nursery.start_soon(validator, svc, v, HONEST, jobs)
-            honest = await push(svc, "p-honest", HONEST)
-            cheat = await push(svc, "p-cheat", [5, 9])
-            for p in ("p-honest", "p-cheat"):  # producers validate others' groups too (honestly)
-                nursery.start_soon(validator, svc, p, HONEST, jobs)
-            with trio.fail_after(20):
-                while "p-cheat" not in svc.admission.untrusted or svc.coordinator.ledger.get(honest) == "held":
+            for v, tokens in validators.items():
+                nursery.start_soon(validator, svc, v, tokens, jobs)
+            for p, tokens in producers.items():
+                gids[p] = await push(svc, p, tokens)
+            with trio.fail_after(within_s):
+                while not until(gids):
                     await trio.sleep(0.01)
-            metrics = svc.validators.take_metrics()
             svc.finish()
             nursery.cancel_scope.cancel()
-        assert not svc.checks.deferred  # validator groups are never left to the training step
-        why = svc.admission.untrusted["p-cheat"]
-        assert f"unverified: group {cheat}: validator: completion 0 leaves the replay at token 1" in why
-        assert set(svc.admission.untrusted) == {"p-cheat"}
-        work = svc.ledger.summary()
-        assert work["p-honest"]["verified"] == {"validator": 1} and work["p-cheat"]["failed"] == {"validator": 1}
-        assert svc.coordinator.ledger[honest] == "completed"
-        assert svc.coordinator.ledger[cheat] in ("pending", "leased")  # re-issued (maybe leased again already)
-        assert all(j.request_id not in (honest, cheat) for j in jobs) and len(jobs) == 3  # 1 + a referee pair
-        assert metrics["validator_groups"] == 2 and metrics["validator_failed"] == 1
-
-    trio.run(main)
+        return gids, jobs
+    return trio.run(main)
 
 
-def test_without_a_peer_of_the_class_the_group_is_rescored():
+def test_the_learners_own_check_decides_and_an_agreeing_validator_only_corroborates():
+    svc = setup()
+    gids, jobs = run(svc, {"p-honest": HONEST}, {"v1": HONEST},
+                     until=lambda g: svc.ledger.summary().get("p-honest", {}).get("verified", {}).get("validator"))
+    work = svc.ledger.summary()
+    assert work["p-honest"]["verified"] == {"fp32": 1, "validator": 1}  # its own check, then a validator agreed
+    assert svc.coordinator.ledger[gids["p-honest"]] == "completed" and not svc.admission.untrusted
+    assert all(j.request_id not in gids.values() for j in jobs) and len(jobs) == 1  # blind
+    assert svc.verifier.fp32_passes == 1  # a torch fp32 node under a bf16 learner: its first group in float32
+
+
+def test_a_cheater_is_caught_by_the_learners_own_check_whatever_its_validators():
+    svc = setup()
+    gids, jobs = run(svc, {"p-cheat": [5, 9]}, {"v1": HONEST, "accomplice": [5, 9]},
+                     until=lambda g: "p-cheat" in svc.admission.untrusted)
+    why = svc.admission.untrusted["p-cheat"]
+    assert f"unverified: group {gids['p-cheat']}: draw check (torch-fp32, fp32)" in why
+    assert svc.ledger.summary()["p-cheat"]["failed"] == {"fp32": 1} and set(svc.admission.untrusted) == {"p-cheat"}
+    assert svc.coordinator.ledger[gids["p-cheat"]] in ("pending", "leased")  # re-issued
+
+
+def test_validators_answering_from_a_table_can_neither_untrust_the_honest_nor_pass_anything():
+    """Two Sybil validators of the producer's class answer every job from one table: their replays
+    fail the learner's draw check, so they are untrusted; the honest producer keeps its trust and
+    its group."""
+    svc = setup()
+    gids, jobs = run(svc, {"p-honest": HONEST}, {"sybil-1": [9, 9], "sybil-2": [9, 9]},
+                     until=lambda g: svc.admission.untrusted)
+    assert list(svc.admission.untrusted) in (["sybil-1"], ["sybil-2"])
+    assert "not drawn from the job's seed" in next(iter(svc.admission.untrusted.values()))
+    assert svc.coordinator.ledger[gids["p-honest"]] == "completed"
+    assert svc.validators.take_metrics()["validator_untrusted"] == 1
+
+
+def test_a_validator_whose_replay_passes_but_disagrees_with_the_learners_check_loses_its_role():
+    svc = setup()
+    gids, jobs = run(svc, {"p-honest": HONEST}, {"v-odd": [5, 5, 5]},
+                     until=lambda g: svc.validators.demoted)
+    assert svc.validators.demoted == {"v-odd"} and not svc.admission.untrusted
+    assert svc.coordinator.ledger[gids["p-honest"]] == "completed"
+    assert not svc.validators.choose("p-honest", GroupResult("g", 0, [Completion(HONEST, [-1.0] * 2, "stop")] * 2))
+
+
+def test_a_silent_validator_holds_nothing():
+    """The validator never answers (its job waits ``deadline_s``): the producer's group is released
+    by the learner's own check at once, and another node's push is checked meanwhile."""
+    svc = setup(ValidatorConfig(deadline_s=5.0))
+
     async def main():
-        svc = setup()
-        await hello(svc, "p")
-        await hello(svc, "other", backend="mlx", extra={**TORCH, "build": "mlx 0.29"})
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(svc.verify_loop)
-            await push(svc, "p", HONEST)
-            await verified(svc, "p", within_s=20)
-            svc.finish()
-            nursery.cancel_scope.cancel()
-        assert svc.ledger.summary()["p"]["verified"] == {"stats": 1}
-
-    trio.run(main)
-
-
-def test_a_validator_that_never_asks_for_work_times_out_to_rescoring():
-    async def main():
-        svc = setup(ValidatorConfig(deadline_s=0.5))
-        await hello(svc, "p")
-        await hello(svc, "v-silent")
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(svc.verify_loop)
-            await push(svc, "p", HONEST)
-            await verified(svc, "p", within_s=20)
-            svc.finish()
-            nursery.cancel_scope.cancel()
-        assert svc.ledger.summary()["p"]["verified"] == {"stats": 1}
-        assert svc.validators.take_metrics()["validator_fallback"] == 1
-        assert not (await svc.on_validate(ValidateResult("late", []), "v-silent")).accepted  # late or unknown
-
-    trio.run(main)
-
-
-def test_a_push_waiting_on_a_validator_does_not_hold_up_other_pushes():
-    """The validator never answers (its job waits ``deadline_s``); meanwhile another class's push is
-    checked and released by the verify worker."""
-    async def main():
-        svc = setup(ValidatorConfig(deadline_s=5.0))
         await hello(svc, "p")
         await hello(svc, "v-silent")
         await hello(svc, "llama", backend="llamacpp", extra={})
         async with trio.open_nursery() as nursery:
             nursery.start_soon(svc.verify_loop)
-            await push(svc, "p", HONEST)
-            await trio.sleep(0.1)  # the worker is now waiting on the silent validator
+            g = await push(svc, "p", HONEST)
+            await verified(svc, "p", within_s=3)  # well before the validator's deadline
+            assert svc.coordinator.ledger[g] == "completed"
             await push(svc, "llama", HONEST)
-            await verified(svc, "llama", within_s=3)  # well before the validator's deadline
-            assert not svc.ledger.summary().get("p", {}).get("verified")
-            await verified(svc, "p", within_s=20)
+            await verified(svc, "llama", within_s=3)
             svc.finish()
             nursery.cancel_scope.cancel()
-        assert svc.ledger.summary()["llama"]["verified"] == {"stats": 1}
-        assert svc.ledger.summary()["p"]["verified"] == {"stats": 1}
+        assert svc.ledger.summary()["llama"]["verified"] == {"draw": 1}
+        assert svc.ledger.summary()["p"]["verified"] == {"fp32": 1}
 
     trio.run(main)

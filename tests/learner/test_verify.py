@@ -7,7 +7,8 @@ import types
 import numpy as np
 import pytest
 
-from learner.verify import VerifyConfig, GroupStats, Scored, Verifier, group_stats, judge, wants_check
+from learner.config import VerifyConfig
+from learner.verify import SKIPPED, GroupToCheck, GroupStats, Scored, Verifier, group_stats, judge, wants_check
 
 
 def policy(rng, steps, vocab=64, sharp=2.0):
@@ -90,8 +91,9 @@ def test_training_advances_the_weights_version_and_stale_groups_are_skipped():
     step = v.exclusive(lambda batch: {"loss": 0.0})
     assert step([]) == {"loss": 0.0} and v.weights_version == 4
     assert v.rescore([1, 2], [[3]], version=3) is None  # v3 is gone: not scored against v4 weights
-    result = types.SimpleNamespace(version=3, completions=[types.SimpleNamespace(token_ids=[3], logprobs=[-1.0], mask=[])])
-    assert v.check_group("p", "llamacpp", [1, 2], result) is None
+    result = types.SimpleNamespace(group_id="g", version=3,
+                                   completions=[types.SimpleNamespace(token_ids=[3], logprobs=[-1.0], mask=[])])
+    assert v.check_groups([GroupToCheck("p", "llamacpp", "llamacpp", [1, 2], result)]) == [SKIPPED]
     assert v.take_metrics()["verify_skipped"] == 1 and v.take_metrics()["verify_skipped"] == 0
     assert [v.pick("p") for _ in range(3)] == [True, True, False]
     assert math.isclose(v.threshold("torch"), 0.3)

@@ -33,7 +33,7 @@ class GatedScores(Verifier):
         self.gate, self.started = threading.Event(), threading.Event()
         self.fail_with: Exception | None = None
 
-    def _score(self, prompt_ids, completions):
+    def _score(self, prompt_ids, completions, uniforms=None, fp32=False):
         self.started.set()
         assert self.gate.wait(10), "the test never opened the gate"
         if self.fail_with is not None:
@@ -49,7 +49,7 @@ def setup(n_groups: int = 4, first_groups: int = 1) -> tuple[LearnerService, Gat
     coord = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=60.0, groups_per_lease=1)
     coord.add_groups([GroupSpec(f"g{i}", [1, 2, 3], str(i)) for i in range(n_groups)])
     cfg = VerifyConfig(first_groups=first_groups, sample_frac=0.0, budget_s_per_step=0.0,
-                       max_mean_abs_diff={"default": 0.3}, max_abs_z=4.0, surprisal_slack=0.2)
+                                max_mean_abs_diff={"default": 0.3}, max_abs_z=4.0, surprisal_slack=0.2)
     verifier = GatedScores(trainer=None, cfg=cfg, temperature=1.0, top_p=1.0, weights_version=0)
     svc = LearnerService(coord, ServiceSettings(SamplingDefaults(1.0, 1.0, 8, 0), group_size=2, run_id="r",
                                                 model_name="m", long_poll_s=0.2),
@@ -92,8 +92,7 @@ def test_the_ack_comes_before_the_check_and_the_batch_waits_for_it():
             assert await trio.to_thread.run_sync(v.started.wait, 5)  # the check runs, blocked
             assert coord.ledger[g0] == HELD and coord.ready() == 0 and coord.completed_ids() == []
             assert svc.take_contributions() == {}  # credited once verified
-            # the node took new work and pushed it meanwhile; not picked (first_groups=1), but it
-            # waits for the node's outstanding check like the rest of that node's groups
+            # the node took new work and pushed it meanwhile: every group is checked before it trains
             g1, ack = await generate_and_push(svc, "A")
             assert ack.accepted_groups == 1 and coord.ledger[g1] == HELD and coord.ready() == 0
             # a sequential step's wait for its batch (learner/steps.py) sees neither until the check ends
@@ -113,7 +112,7 @@ def test_the_ack_comes_before_the_check_and_the_batch_waits_for_it():
             assert [g.peer_id for g in coord.take([g0, g1])] == ["A", "A"]
             assert svc.take_contributions() == {"A": 4}
             m = v.take_metrics()
-            assert m["verify_groups"] == 1 and m["verify_failed"] == 0
+            assert m["verify_groups"] == 2 and m["verify_failed"] == 0
             svc.finish()
         assert coord.counts() == {TRAINED: 2}
 
@@ -200,10 +199,10 @@ def test_the_end_of_the_run_does_not_wait_for_a_check_in_progress():
         v.gate.set()  # let the abandoned scoring thread end
 
 
-def test_pushes_that_queue_up_meanwhile_are_scored_together_and_judged_one_by_one():
-    """While one check runs, two other nodes' picked pushes queue up; the worker then scores both
-    in one pass of the verifier (one lock hold, one thread hop) and still judges each push on its
-    own: the honest one is released, the cheater untrusted."""
+def test_pushes_that_queue_up_meanwhile_are_checked_one_by_one_in_arrival_order():
+    """While one check runs, two other nodes' pushes queue up; the worker then checks each on its
+    own, in arrival order (so a training step can still take the latest ones for its own forward):
+    the honest one is released, the cheater untrusted."""
     svc, v = setup(n_groups=3)
     coord = svc.coordinator
     calls: list[int] = []
@@ -223,9 +222,43 @@ def test_pushes_that_queue_up_meanwhile_are_scored_together_and_judged_one_by_on
             with trio.fail_after(5):
                 while coord.ready() < 2 or "cheat" not in svc.admission.untrusted:
                     await svc.wait_changed()
-            assert calls == [1, 2]
+            assert calls == [1, 1, 1]
             assert coord.ledger[ga] == coord.ledger[gb] == COMPLETED and coord.ledger[gc] == PENDING
             assert svc.take_contributions() == {"A": 2, "B": 2}
+            svc.finish()
+
+    trio.run(main)
+
+
+def test_checks_of_new_peers_spend_their_budget_and_never_more():
+    """Fresh ids each push a group: the worker checks new peers' pushes while the step's budget for
+    them (``verify.newcomer_s_per_step``) lasts; beyond it a new peer's push is re-issued unchecked
+    (nobody blamed, not handed back to it, nothing trained), while a proven peer's are checked."""
+    svc, v = setup(n_groups=6)
+    svc.checks.newcomers = type(svc.checks.newcomers)(1e-6, keep_steps=1)  # about one check
+    coord = svc.coordinator
+    v.gate.set()
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(svc.verify_loop)
+            await join(svc, "A", "fresh-1", "fresh-2")
+            ga, _ = await generate_and_push(svc, "A")
+            with trio.fail_after(5):
+                while coord.ledger[ga] != COMPLETED:
+                    await svc.wait_changed()
+            g1, _ = await generate_and_push(svc, "fresh-1")
+            g2, _ = await generate_and_push(svc, "fresh-2")
+            with trio.fail_after(5):
+                while HELD in (coord.ledger[g1], coord.ledger[g2]):
+                    await svc.wait_changed()
+            assert coord.ledger[g1] == coord.ledger[g2] == PENDING  # the budget was A's: re-issued unchecked
+            assert "fresh-1" in coord.refused_by[g1] and not svc.admission.untrusted
+            assert svc.checks.new_step() == {"verify_unchecked": 2}
+            g3, _ = await generate_and_push(svc, "A")  # a proven peer is checked whatever the budget
+            with trio.fail_after(5):
+                while coord.ledger[g3] != COMPLETED:
+                    await svc.wait_changed()
             svc.finish()
 
     trio.run(main)

@@ -6,7 +6,8 @@ import types
 import numpy as np
 import pytest
 
-from learner.verify import VerifyConfig, Scored, Verifier
+from learner.config import VerifyConfig
+from learner.verify import GroupToCheck, Scored, Verifier
 
 CFG = VerifyConfig(first_groups=2, sample_frac=1.0, budget_s_per_step=0.0,
                             max_mean_abs_diff={"default": 0.3}, max_abs_z=4.0, surprisal_slack=0.2)
@@ -17,7 +18,7 @@ class FixedScores(Verifier):
 
     shift = 0.0
 
-    def _score(self, prompt_ids, completions):
+    def _score(self, prompt_ids, completions, uniforms=None, fp32=False):
         n = len(completions[0])
         lp = np.full(n, -1.0)
         return [Scored(lp + self.shift, np.ones(n), np.ones(n)) for _ in completions]
@@ -25,9 +26,9 @@ class FixedScores(Verifier):
 
 def push(v: Verifier, shift: float, peer: str = "p", backend: str = "llamacpp"):
     v.shift = shift
-    result = types.SimpleNamespace(version=0, completions=[
+    result = types.SimpleNamespace(group_id="g", version=0, completions=[
         types.SimpleNamespace(token_ids=[3] * 8, logprobs=[-1.0] * 8, mask=[]) for _ in range(2)])
-    return v.check_group(peer, backend, [1, 2], result)
+    return v.check_groups([GroupToCheck(peer, backend, backend, [1, 2], result)])[0]
 
 
 def test_history_is_bounded_while_step_maxima_and_the_summary_count_every_group():
