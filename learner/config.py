@@ -1,5 +1,6 @@
 """The learner's typed configuration (TOML sections ``[model]``, ``[task]``, ``[lora]``,
-``[train]``, ``[sync]``, ``[network]``, ``[dissem]``, ``[dashboard]``, ``[run]``). Every field is documented here; the
+``[train]``, ``[sync]``, ``[network]``, ``[dissem]``, ``[dashboard]``, ``[run]``, ``[report]``,
+``[eval]``, ...). Every field is documented here or in the module its section names; the
 resolved config is written to ``<run_dir>/config.toml`` at launch.
 
 ``[train]`` and ``[lora]`` are also the whole configuration of the trainer
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from swarm.addrs import check_announce, split_peer_id
+from learner.heldout import EvalConfig
 from learner.report_to import ReportConfig
 from swarm.config import ConfigError
 from swarm.discovery.keys import check_run_name
@@ -172,6 +174,10 @@ class TrainConfig:
     seed: int = 0
     #: Write a resumable checkpoint every this many steps (0 = only at the end).
     checkpoint_every: int = 10
+    #: Also write the adapter as a peft directory every this many steps, kept beside the
+    #: checkpoints: ``<run_dir>/adapters/step-<n>/`` (``PeftModel.from_pretrained``, ``swarm-learner
+    #: export`` and ``eval``); 0 = only the final ``adapter/``.
+    adapter_every: int = 10
     #: Before each step, recompute the rollouts' log-probs in fp32 under the learner's current
     #: policy and log the mean |behaviour - recomputed| per node backend as
     #: ``behav_diff_<backend>`` (one extra forward pass per step; ``learner/behaviour_check.py``).
@@ -201,6 +207,7 @@ class TrainConfig:
         require(self.is_cap > 0, f"train.is_cap must be > 0, got {self.is_cap}")
         require(self.torch_threads >= 0, f"train.torch_threads must be >= 0, got {self.torch_threads}")
         require(self.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        require(self.adapter_every >= 0, f"train.adapter_every must be >= 0, got {self.adapter_every}")
 
 
 @dataclass
@@ -323,11 +330,13 @@ class LearnerConfig:
     limits: LimitSettings = field(default_factory=LimitSettings)
     #: Each step's figures also to TensorBoard / W&B (``--report-to``; ``learner/report_to.py``).
     report: ReportConfig = field(default_factory=ReportConfig)
+    #: Held-out evaluation while training (``learner/heldout.py``).
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def validate(self) -> LearnerConfig:
         """Check every section with a ``validate()`` and the rules across sections; returns self."""
         for section in (self.lora, self.train, self.sync, self.network, self.run, self.verify, self.replay,
-                        self.validators, self.report):
+                        self.validators, self.report, self.eval):
             section.validate()
         t, sy = self.train, self.sync
         require(sy.mode != "async" or sy.buffer_limit(t.prompts_per_step) >= t.prompts_per_step,

@@ -33,6 +33,7 @@ from learner.scoring import reward_fields, score_groups
 from learner.service import LearnerService
 from learner.step_check import ChecksFailed, GroupCheck, StepChecks
 from learner.step_timing import DissemWatch, StepClock, gen_seconds
+from learner.watch import sampled_completions
 from swarm.proto.adapter import AdapterReply
 
 #: Print a "waiting for rollouts" line when a batch has made no progress for this long.
@@ -212,6 +213,11 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
     step_time = time.perf_counter() - t0
     comps = [c for g in groups for c in g.result.completions]
     lags = Counter(trained_on - g.result.version for g in groups for _ in g.result.completions)
+    report = ctx.cfg.report  # a table of sampled completions every N steps (learner/watch.py), popped by the loop
+    shown = []
+    if report.completions_every and state.step % report.completions_every == 0:
+        shown = sampled_completions(state.step, groups, rewards, [s.advantage for s in samples], ctx.task,
+                                    ctx.tokenizer, report.completions)
     return {
         **{f"train_{k}" if k in ("step", "step_time_s", "tokens", "sequences") else k: v
            for k, v in stats.items() if isinstance(v, (int, float))},
@@ -227,6 +233,7 @@ async def _train_and_publish(ctx, groups: list[CompletedGroup], t0: float, idle:
         "samples_per_s": round(len(rewards) / max(step_time, 1e-9), 3),
         "nodes": ctx.service.take_contributions(),
         "trained_groups": dict(Counter(g.peer_id for g in groups)),  # the work ledger's (learner/ledger.py)
+        "completions": shown,
         "rollout_versions": sorted({g.result.version for g in groups}),
         "staleness_hist": {str(k): v for k, v in sorted(lags.items())},
         "staleness_max": max(lags, default=0),

@@ -1,0 +1,182 @@
+"""Held-out evaluation while training (``[eval]``): every ``eval.every`` steps, and after the last,
+the learner scores the adapter it just published on the first ``eval.n`` problems of the task's
+eval split, exactly as ``swarm-learner eval`` does (:mod:`learner.eval`: llama.cpp on the run's
+GGUF with the adapter hot-swapped, greedy by default, a problem correct when its reward is 1.0,
+the Wilson 95% interval). ``eval.on_start`` also scores the starting adapter (step 0: the base
+model on a fresh run), so the curve begins where training began. The same problems every time:
+the points of the curve differ by the adapter only.
+
+Who generates: the learner itself, not the nodes, for three reasons.
+
+- *Trust.* A node's training rollouts are checked (``learner/verify.py``) because a node may
+  lie; an evaluation answer would need the same checks, or one node could report a perfect
+  score. The learner's own answers need none.
+- *One engine.* Nodes run llama.cpp, torch or MLX on differently quantised copies of the model;
+  a curve made by whichever node was free would mix engines and move for reasons other than
+  training. Here every point is the same GGUF, the same llama.cpp build and thread layout.
+- *The ledger.* Evaluation groups leased to nodes would be a second kind of work that is never
+  trained, with its own leases, expiries and drops, in every part that counts groups.
+
+The price is learner time (``eval_s`` in the row; ``docs/benchmarks.md`` has the figures), which
+is why the defaults are 16 problems every 10 steps. In sequential mode the nodes wait meanwhile;
+in async mode they keep generating beside it. Threads: half the cores in sequential mode (the
+service, verification and the dashboard keep the rest), one in async mode. ggml's threads spin at
+barriers, so on a busy core more threads are slower, not faster: on a loaded 2-core machine two
+threads took 45-60 s for two 12-token answers. On a GPU learner the llama.cpp threads run on
+otherwise idle CPU cores; llama.cpp on the CPU is slow for large models, so keep ``eval.n`` small
+there (the evaluation does not generate on the GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.lora import LoraAdapter
+from learner.eval import EvalResult, EvalSample, evaluate
+from swarm.config import ConfigError
+
+log = logging.getLogger("echo_swarm.learner")
+
+#: Context of the evaluation's llama.cpp (per sequence): a single-turn prompt and answer, or an episode.
+N_CTX_SINGLE, N_CTX_EPISODE = 2048, 4096
+
+
+@dataclass
+class EvalConfig:
+    """``[eval]``: the held-out evaluation while training (TRL's ``eval_steps``, verl's ``test_freq``)."""
+
+    #: Score the adapter on the eval split every this many learner steps, and after the last
+    #: step (0 = never while training; ``swarm-learner eval`` still works afterwards).
+    every: int = 10
+    #: Eval problems each time: the first ``n`` of the task's eval split, the same every time.
+    n: int = 16
+    #: Also score the starting adapter before the first step (step 0; verl's ``val_before_train``).
+    on_start: bool = True
+    #: Sampling temperature of the answers (0 = greedy: one deterministic answer per problem).
+    temperature: float = 0.0
+    #: Tokens per answer (0 = ``train.max_tokens``).
+    max_tokens: int = 0
+    #: llama.cpp threads (0 = half the cores in sequential mode, where the nodes wait while the
+    #: learner evaluates; 1 in async mode, where they keep generating beside it).
+    threads: int = 0
+    #: Evaluated answers shown with the sampled completions (verl's ``log_val_generations``).
+    samples: int = 4
+
+    def validate(self) -> None:
+        for name in ("every", "max_tokens", "threads", "samples"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"eval.{name} must be >= 0, got {getattr(self, name)}")
+        if self.n < 1:
+            raise ConfigError(f"eval.n must be >= 1, got {self.n}")
+        if not self.temperature >= 0:
+            raise ConfigError(f"eval.temperature must be >= 0, got {self.temperature}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0 or self.on_start
+
+
+def eval_due(every: int, step: int, last_step: int) -> bool:
+    """Whether the adapter after ``step`` is evaluated: every ``every`` steps and after the last."""
+    return every > 0 and step > 0 and (step % every == 0 or step == last_step)
+
+
+def eval_threads(setting: int, mode: str, cores: int) -> int:
+    """The evaluation's llama.cpp threads (``eval.threads``; see :class:`EvalConfig`)."""
+    if setting > 0:
+        return setting
+    return max(1, cores // 2) if mode == "sequential" else 1
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    """One point of the held-out curve: the adapter after ``step`` (version ``version``)."""
+
+    step: int
+    version: int
+    n: int
+    correct: int
+    accuracy: float
+    ci_low: float
+    ci_high: float
+    mean_reward: float
+    seconds: float
+
+    @classmethod
+    def of(cls, step: int, version: int, result: EvalResult) -> EvalPoint:
+        return cls(step, version, result.n, result.correct, round(result.accuracy, 4), round(result.ci_low, 4),
+                   round(result.ci_high, 4), round(result.mean_reward, 4), round(result.seconds, 2))
+
+    def fields(self) -> dict[str, float | int]:
+        """The figures a metrics row carries (``eval_*``)."""
+        return {"eval_accuracy": self.accuracy, "eval_ci_low": self.ci_low, "eval_ci_high": self.ci_high,
+                "eval_reward": self.mean_reward, "eval_correct": self.correct, "eval_n": self.n,
+                "eval_s": self.seconds}
+
+
+class HeldOutEval:
+    """The learner's evaluator: one llama.cpp context on ``gguf_path`` for the whole run (opened
+    at the first :meth:`run`), the adapter swapped before each. Blocking: call it in a worker thread."""
+
+    def __init__(self, cfg: EvalConfig, task: Any, tokenizer: Any, gguf_path: Path, *, max_tokens: int,
+                 seed: int, multi_turn: bool, threads: int) -> None:
+        self.cfg = cfg
+        self.task = task
+        self.tokenizer = tokenizer
+        self.gguf_path = Path(gguf_path)
+        self.max_tokens = int(max_tokens)
+        self.seed = int(seed)
+        self.multi_turn = bool(multi_turn)
+        self.threads = int(threads)
+        self._backend: Any = None
+
+    def run(self, adapter: LoraAdapter | None) -> tuple[EvalResult, list[EvalSample]]:
+        """Score ``adapter`` (None: the base model) on the first ``n`` eval problems."""
+        from node_agents.backends.base import SamplingParams
+
+        backend = self._open()
+        backend.set_adapter(adapter)
+        samples: list[EvalSample] = []
+
+        def generate(ids, i):
+            params = SamplingParams(temperature=self.cfg.temperature, top_p=1.0, max_tokens=self.max_tokens,
+                                    seed=self.seed + i)
+            return backend.generate_group(list(ids), 1, params)[0]
+
+        n_ctx = N_CTX_EPISODE if self.multi_turn else N_CTX_SINGLE
+        result = evaluate(self.task, self.tokenizer, generate, self.cfg.n, multi_turn=self.multi_turn,
+                          max_context_tokens=n_ctx - self.max_tokens, label="adapter", samples=samples)
+        return result, samples
+
+    def _open(self) -> Any:
+        if self._backend is None:
+            from node_agents.backends.llamacpp import LlamaCppBackend
+
+            n_ctx = N_CTX_EPISODE if self.multi_turn else N_CTX_SINGLE
+            self._backend = LlamaCppBackend(self.gguf_path, n_ctx=n_ctx, n_threads=self.threads, max_group=1)
+        return self._backend
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+
+def build_heldout(cfg: Any, gguf_path: Path | None, hf_dir: Path, task: Any, tokenizer: Any) -> HeldOutEval | None:
+    """The run's evaluator from ``[eval]`` (None when off). ``cfg`` is the ``LearnerConfig``;
+    ``gguf_path`` the run's GGUF (None: ``hf_dir`` is converted by llama.cpp's converter once,
+    cached, as the nodes do). Blocking (a conversion may run): call it in a worker thread."""
+    ev = cfg.eval
+    if not ev.enabled:
+        return None
+    if gguf_path is None:
+        from node_agents.models import resolve_for_backend
+
+        gguf_path = resolve_for_backend(hf_dir, "llamacpp", cfg.model.cache_dir or None)
+    threads = eval_threads(ev.threads, cfg.sync.mode, os.cpu_count() or 1)
+    return HeldOutEval(ev, task, tokenizer, Path(gguf_path), max_tokens=ev.max_tokens or cfg.train.max_tokens,
+                       seed=cfg.train.seed, multi_turn=cfg.task.multi_turn, threads=threads)
