@@ -62,7 +62,8 @@ def test_merged_hf_loads_in_transformers_as_the_adapted_model(run_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = run_export(run_dir, "merged-hf", console=lambda s: None)
-    assert out == run_dir / "adapter-merged-hf" and json.loads((out / "echo_swarm_export.json").read_text())["dtype"] == "float32"
+    assert out == run_dir / "adapter-merged-hf"
+    assert json.loads((out / "echo_swarm_export.json").read_text())["dtype"] == "float32"
     merged = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     assert not any("lora" in n for n, _ in merged.named_parameters())
     with torch.no_grad():

@@ -38,8 +38,10 @@ def test_completions_are_taken_in_turn_from_the_groups_with_their_reward_and_adv
     recs = sampled_completions(9, _groups(), rewards, adv, task, _Tokenizer(), 4)
     assert [(r.group, r.completion) for r in recs] == [("g3", "dd"), ("g7", "hh"), ("g3", "de"), ("g7", "hi")]
     assert [r.reward for r in recs] == [1.0, 0.5, 0.0, 0.5] and [r.advantage for r in recs] == [1.2, -0.7, -0.6, -0.7]
-    assert recs[0].question == task.problem("train", 3).question and recs[0].answer == str(task.problem("train", 3).answer)
-    assert {(r.version, r.peer, r.step, r.split) for r in recs[:2]} == {(4, "peer3", 9, "train"), (5, "peer7", 9, "train")}
+    problem = task.problem("train", 3)
+    assert recs[0].question == problem.question and recs[0].answer == str(problem.answer)
+    assert {(r.version, r.peer, r.step, r.split) for r in recs[:2]} == {(4, "peer3", 9, "train"),
+                                                                         (5, "peer7", 9, "train")}
     assert recs[0].finish == "length" and recs[2].finish == "stop" and recs[0].tokens == 3
     every = sampled_completions(9, _groups(), rewards, adv, task, _Tokenizer(), 100)
     assert len(every) == 6 and every[4].reward is None  # a failed reward (NaN) is shown as no reward
