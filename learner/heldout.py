@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from common.lora import LoraAdapter
 from learner.eval import EvalResult, EvalSample, evaluate
@@ -118,52 +119,90 @@ class EvalPoint:
                 "eval_s": self.seconds}
 
 
-class HeldOutEval:
-    """The learner's evaluator: one llama.cpp context on ``gguf_path`` for the whole run (opened
-    at the first :meth:`run`), the adapter swapped before each. Blocking: call it in a worker thread."""
+class EvalStopped(Exception):
+    """:meth:`HeldOutEval.stop` was called while an evaluation ran (it ends at its next problem)."""
 
-    def __init__(self, cfg: EvalConfig, task: Any, tokenizer: Any, gguf_path: Path, *, max_tokens: int,
-                 seed: int, multi_turn: bool, threads: int) -> None:
+
+class EvalBackend(Protocol):
+    """What the evaluator uses of a node backend (:class:`node_agents.backends.llamacpp.LlamaCppBackend`)."""
+
+    def set_adapter(self, adapter: LoraAdapter | None) -> None: ...
+
+    def generate_group(self, prompt_ids: list[int], n: int, params: Any) -> list[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class HeldOutEval:
+    """The learner's evaluator: one backend (``open_backend()``: llama.cpp on the run's GGUF,
+    :func:`llama_cpp_opener`) for the whole run, opened at the first :meth:`run`, the adapter
+    swapped before each. Blocking: call it in a worker thread; :meth:`stop` (any thread) ends an
+    evaluation in progress at its next problem, so a learner that is stopped does not wait for
+    the rest of it."""
+
+    def __init__(self, cfg: EvalConfig, task: Any, tokenizer: Any, open_backend: Callable[[], EvalBackend], *,
+                 max_tokens: int, seed: int, multi_turn: bool) -> None:
         self.cfg = cfg
         self.task = task
         self.tokenizer = tokenizer
-        self.gguf_path = Path(gguf_path)
+        self.open_backend = open_backend
         self.max_tokens = int(max_tokens)
         self.seed = int(seed)
         self.multi_turn = bool(multi_turn)
-        self.threads = int(threads)
-        self._backend: Any = None
+        self._backend: EvalBackend | None = None
+        self._stopped = threading.Event()
+        self._busy = threading.Lock()  # held by a run; close() waits for it
 
     def run(self, adapter: LoraAdapter | None) -> tuple[EvalResult, list[EvalSample]]:
-        """Score ``adapter`` (None: the base model) on the first ``n`` eval problems."""
+        """Score ``adapter`` (None: the base model) on the first ``n`` eval problems;
+        :class:`EvalStopped` after :meth:`stop`."""
         from node_agents.backends.base import SamplingParams
 
-        backend = self._open()
-        backend.set_adapter(adapter)
-        samples: list[EvalSample] = []
+        with self._busy:
+            backend = self._open()
+            backend.set_adapter(adapter)
+            samples: list[EvalSample] = []
 
-        def generate(ids, i):
-            params = SamplingParams(temperature=self.cfg.temperature, top_p=1.0, max_tokens=self.max_tokens,
-                                    seed=self.seed + i)
-            return backend.generate_group(list(ids), 1, params)[0]
-
-        n_ctx = N_CTX_EPISODE if self.multi_turn else N_CTX_SINGLE
-        result = evaluate(self.task, self.tokenizer, generate, self.cfg.n, multi_turn=self.multi_turn,
-                          max_context_tokens=n_ctx - self.max_tokens, label="adapter", samples=samples)
-        return result, samples
-
-    def _open(self) -> Any:
-        if self._backend is None:
-            from node_agents.backends.llamacpp import LlamaCppBackend
+            def generate(ids, i):
+                if self._stopped.is_set():
+                    raise EvalStopped()
+                params = SamplingParams(temperature=self.cfg.temperature, top_p=1.0, max_tokens=self.max_tokens,
+                                        seed=self.seed + i)
+                return backend.generate_group(list(ids), 1, params)[0]
 
             n_ctx = N_CTX_EPISODE if self.multi_turn else N_CTX_SINGLE
-            self._backend = LlamaCppBackend(self.gguf_path, n_ctx=n_ctx, n_threads=self.threads, max_group=1)
+            result = evaluate(self.task, self.tokenizer, generate, self.cfg.n, multi_turn=self.multi_turn,
+                              max_context_tokens=n_ctx - self.max_tokens, label="adapter", samples=samples)
+            return result, samples
+
+    def _open(self) -> EvalBackend:
+        if self._stopped.is_set():
+            raise EvalStopped()
+        if self._backend is None:
+            self._backend = self.open_backend()
         return self._backend
 
+    def stop(self) -> None:
+        """End the evaluation in progress at its next problem, and every later one at once."""
+        self._stopped.set()
+
     def close(self) -> None:
-        if self._backend is not None:
-            self._backend.close()
-            self._backend = None
+        """Stop, wait for an evaluation in progress to notice (one problem at most), free llama.cpp."""
+        self.stop()
+        with self._busy:
+            if self._backend is not None:
+                self._backend.close()
+                self._backend = None
+
+
+def llama_cpp_opener(gguf_path: Path, threads: int, multi_turn: bool) -> Callable[[], EvalBackend]:
+    """Opens llama.cpp on ``gguf_path`` with ``threads`` threads, one sequence at a time."""
+    def open_backend() -> EvalBackend:
+        from node_agents.backends.llamacpp import LlamaCppBackend
+
+        n_ctx = N_CTX_EPISODE if multi_turn else N_CTX_SINGLE
+        return LlamaCppBackend(Path(gguf_path), n_ctx=n_ctx, n_threads=threads, max_group=1)
+    return open_backend
 
 
 def build_heldout(cfg: Any, gguf_path: Path | None, hf_dir: Path, task: Any, tokenizer: Any) -> HeldOutEval | None:
@@ -178,5 +217,6 @@ def build_heldout(cfg: Any, gguf_path: Path | None, hf_dir: Path, task: Any, tok
 
         gguf_path = resolve_for_backend(hf_dir, "llamacpp", cfg.model.cache_dir or None)
     threads = eval_threads(ev.threads, cfg.sync.mode, os.cpu_count() or 1)
-    return HeldOutEval(ev, task, tokenizer, Path(gguf_path), max_tokens=ev.max_tokens or cfg.train.max_tokens,
-                       seed=cfg.train.seed, multi_turn=cfg.task.multi_turn, threads=threads)
+    return HeldOutEval(ev, task, tokenizer, llama_cpp_opener(Path(gguf_path), threads, cfg.task.multi_turn),
+                       max_tokens=ev.max_tokens or cfg.train.max_tokens, seed=cfg.train.seed,
+                       multi_turn=cfg.task.multi_turn)

@@ -96,7 +96,11 @@ async def evaluate_held_out(heldout: HeldOutEval, watch: RunWatch, trainer, stat
     turned off for the rest of the run (None), and training goes on."""
     try:
         adapter = trainer.export_adapter(state.version)
-        result, samples = await trio.to_thread.run_sync(heldout.run, adapter)
+        # a learner stopped meanwhile does not wait for the rest: the thread ends at its next problem
+        result, samples = await trio.to_thread.run_sync(heldout.run, adapter, abandon_on_cancel=True)
+    except trio.Cancelled:
+        heldout.stop()
+        raise
     except Exception as e:  # the task's eval split, llama.cpp: not worth stopping the training for
         log.warning("held-out evaluation failed at step %d (%r); it is off for the rest of the run", state.step, e)
         heldout.close()

@@ -73,3 +73,57 @@ def test_a_real_evaluation_scores_the_adapter_it_is_given():
     assert point.fields()["eval_n"] == 2 and point.fields()["eval_correct"] == tuned.correct
     assert build_heldout(load_config(LearnerConfig, None, ["eval.every=0", "eval.on_start=false"]),
                          resolved.gguf_path, resolved.hf_dir, task, tokenizer) is None
+
+
+def test_stop_ends_an_evaluation_at_its_next_problem():
+    """A learner stopped mid-evaluation (trio cancels it; the thread is abandoned) does not wait
+    for the rest: the evaluation stops before its next problem, and close() waits for that."""
+    import threading
+
+    from learner.heldout import EvalStopped, HeldOutEval
+
+    started, release = threading.Event(), threading.Event()
+
+    class Backend:  # the shape of LlamaCppBackend that the evaluator uses (EvalBackend)
+        made = 0
+
+        def set_adapter(self, adapter):
+            pass
+
+        def generate_group(self, ids, n, params):
+            Backend.made += 1
+            started.set()
+            release.wait(10)
+            from swarm.proto.rollouts import Completion
+
+            return [Completion([5], [-1.0], "stop")]
+
+        def close(self):
+            pass
+
+    class Tokenizer:
+        def decode(self, ids, skip_special_tokens=True):
+            return "7"
+
+    task = ArithTask(seed=0)
+    task.render_prompt = lambda tokenizer, problem: [1, 2, 3]
+    backend = Backend()
+    heldout = HeldOutEval(EvalConfig(n=50), task, Tokenizer(), lambda: backend, max_tokens=8, seed=0, multi_turn=False)
+    errors = []
+    worker = threading.Thread(target=lambda: errors.append(_raises(heldout.run, None)))
+    worker.start()
+    assert started.wait(10)
+    heldout.stop()
+    release.set()
+    worker.join(10)
+    heldout.close()
+    assert errors == [EvalStopped] and Backend.made == 1
+    assert _raises(heldout.run, None) is EvalStopped  # stopped for good
+
+
+def _raises(fn, *args):
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - the test looks at which
+        return type(e)
+    return None
