@@ -4,7 +4,8 @@ eval split, exactly as ``swarm-learner eval`` does (:mod:`learner.eval`: llama.c
 GGUF with the adapter hot-swapped, greedy by default, a problem correct when its reward is 1.0,
 the Wilson 95% interval). ``eval.on_start`` also scores the starting adapter (step 0: the base
 model on a fresh run), so the curve begins where training began. The same problems every time:
-the points of the curve differ by the adapter only.
+the points of the curve differ by the adapter only. A run shorter than ``eval.every`` steps has
+no curve and is not evaluated at all (``swarm-learner eval`` scores its adapter afterwards).
 
 Who generates: the learner itself, not the nodes, for three reasons.
 
@@ -51,7 +52,8 @@ class EvalConfig:
     """``[eval]``: the held-out evaluation while training (TRL's ``eval_steps``, verl's ``test_freq``)."""
 
     #: Score the adapter on the eval split every this many learner steps, and after the last
-    #: step (0 = never while training; ``swarm-learner eval`` still works afterwards).
+    #: step (0 = never while training; ``swarm-learner eval`` still works afterwards). A run of
+    #: fewer steps is not evaluated while training.
     every: int = 10
     #: Eval problems each time: the first ``n`` of the task's eval split, the same every time.
     n: int = 16
@@ -76,14 +78,15 @@ class EvalConfig:
         if not self.temperature >= 0:
             raise ConfigError(f"eval.temperature must be >= 0, got {self.temperature}")
 
-    @property
-    def enabled(self) -> bool:
-        return self.every > 0 or self.on_start
+    def evaluates(self, steps: int) -> bool:
+        """Whether a run of ``steps`` learner steps is evaluated while training (at least ``every``)."""
+        return self.every > 0 and steps >= self.every
 
 
 def eval_due(every: int, step: int, last_step: int) -> bool:
-    """Whether the adapter after ``step`` is evaluated: every ``every`` steps and after the last."""
-    return every > 0 and step > 0 and (step % every == 0 or step == last_step)
+    """Whether the adapter after ``step`` is evaluated: every ``every`` steps and after the last,
+    in a run of at least ``every`` steps (step 0 is ``eval.on_start``'s)."""
+    return 0 < every <= last_step and step > 0 and (step % every == 0 or step == last_step)
 
 
 def eval_threads(setting: int, mode: str, cores: int) -> int:
@@ -195,28 +198,32 @@ class HeldOutEval:
                 self._backend = None
 
 
-def llama_cpp_opener(gguf_path: Path, threads: int, multi_turn: bool) -> Callable[[], EvalBackend]:
-    """Opens llama.cpp on ``gguf_path`` with ``threads`` threads, one sequence at a time."""
+def llama_cpp_opener(model: Path, threads: int, multi_turn: bool, cache_dir: str = "") -> Callable[[], EvalBackend]:
+    """Opens llama.cpp with ``threads`` threads, one sequence at a time, on ``model``: a GGUF, or
+    an HF directory converted by llama.cpp's converter at the first open (once, cached, as the
+    nodes do)."""
     def open_backend() -> EvalBackend:
         from node_agents.backends.llamacpp import LlamaCppBackend
 
+        gguf = Path(model)
+        if gguf.is_dir():
+            from node_agents.models import resolve_for_backend
+
+            gguf = resolve_for_backend(gguf, "llamacpp", cache_dir or None)
         n_ctx = N_CTX_EPISODE if multi_turn else N_CTX_SINGLE
-        return LlamaCppBackend(Path(gguf_path), n_ctx=n_ctx, n_threads=threads, max_group=1)
+        return LlamaCppBackend(gguf, n_ctx=n_ctx, n_threads=threads, max_group=1)
     return open_backend
 
 
 def build_heldout(cfg: Any, gguf_path: Path | None, hf_dir: Path, task: Any, tokenizer: Any) -> HeldOutEval | None:
-    """The run's evaluator from ``[eval]`` (None when off). ``cfg`` is the ``LearnerConfig``;
-    ``gguf_path`` the run's GGUF (None: ``hf_dir`` is converted by llama.cpp's converter once,
-    cached, as the nodes do). Blocking (a conversion may run): call it in a worker thread."""
+    """The run's evaluator from ``[eval]`` (None when the run is not evaluated). ``cfg`` is the
+    ``LearnerConfig``; ``gguf_path`` the run's GGUF (None: ``hf_dir`` is converted for llama.cpp
+    when the first evaluation starts)."""
     ev = cfg.eval
-    if not ev.enabled:
+    if not ev.evaluates(cfg.train.steps):
         return None
-    if gguf_path is None:
-        from node_agents.models import resolve_for_backend
-
-        gguf_path = resolve_for_backend(hf_dir, "llamacpp", cfg.model.cache_dir or None)
     threads = eval_threads(ev.threads, cfg.sync.mode, os.cpu_count() or 1)
-    return HeldOutEval(ev, task, tokenizer, llama_cpp_opener(Path(gguf_path), threads, cfg.task.multi_turn),
+    model = Path(gguf_path) if gguf_path is not None else Path(hf_dir)
+    return HeldOutEval(ev, task, tokenizer, llama_cpp_opener(model, threads, cfg.task.multi_turn, cfg.model.cache_dir),
                        max_tokens=ev.max_tokens or cfg.train.max_tokens, seed=cfg.train.seed,
                        multi_turn=cfg.task.multi_turn)

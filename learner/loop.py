@@ -166,7 +166,7 @@ async def _run_learner(cfg: LearnerConfig, run_dir: Path, resume: bool, console:
     watch = RunWatch(run_dir, metrics, resume_step=state.step if resume else None, eval_samples=cfg.eval.samples)
     if resume:
         cut_step_adapters(run_dir, state.step)
-    heldout = await trio.to_thread.run_sync(build_heldout, cfg, resolved.gguf_path, resolved.hf_dir, task, tokenizer)
+    heldout = build_heldout(cfg, resolved.gguf_path, resolved.hf_dir, task, tokenizer)
     host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s,
                           limits=cfg.limits)
     identity_dir = Path(data_dir) if data_dir is not None else run_dir / "identity"

@@ -50,7 +50,7 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
         "replay.budget_s_per_step=12.5", "replay.contexts=3", "replay.max_threads=9",
         "validators.deadline_s=77.0", "validators.max_logprob_diff=0.01", "validators.max_jobs_per_peer=2",
         'report.to=["tensorboard"]',
-        "eval.every=3", "eval.n=5", "eval.on_start=false", "eval.max_tokens=16", "eval.samples=2",
+        "eval.every=1", "eval.n=5", "eval.on_start=false", "eval.max_tokens=16", "eval.samples=2",
     ])
     default = LearnerConfig()
     tasks_made = []
@@ -157,7 +157,7 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
 
     checked.add("eval")  # the learner's held-out evaluator (learner/heldout.py); on_start off: nothing ran
     heldout = seen["heldout"]
-    assert (heldout.cfg.every, heldout.cfg.n, heldout.max_tokens, heldout.seed) == (3, 5, 16, 5)
+    assert (heldout.cfg.every, heldout.cfg.n, heldout.max_tokens, heldout.seed) == (1, 5, 16, 5)
     assert not (tmp_path / "run" / "eval.jsonl").read_text()
 
     # every section of the config is checked above, and every checked value differs from its default

@@ -19,6 +19,9 @@ def test_due_every_n_steps_and_after_the_last():
     assert [s for s in range(0, 13) if eval_due(5, s, 12)] == [5, 10, 12]
     assert [s for s in range(0, 11) if eval_due(5, s, 10)] == [5, 10]
     assert not any(eval_due(0, s, 10) for s in range(11))  # off; step 0 is eval.on_start's
+    assert not any(eval_due(10, s, 3) for s in range(4))  # a run shorter than `every` has no curve
+    assert EvalConfig(every=10).evaluates(10) and not EvalConfig(every=10).evaluates(9)
+    assert not EvalConfig(every=0).evaluates(100)
 
 
 def test_threads_follow_the_sync_mode_unless_set():
@@ -28,8 +31,7 @@ def test_threads_follow_the_sync_mode_unless_set():
 
 def test_config_section_and_its_checks():
     cfg = load_config(LearnerConfig, None, ["eval.every=3", "eval.n=5", "eval.on_start=false"])
-    assert (cfg.eval.every, cfg.eval.n, cfg.eval.on_start, cfg.eval.enabled) == (3, 5, False, True)
-    assert not EvalConfig(every=0, on_start=False).enabled
+    assert (cfg.eval.every, cfg.eval.n, cfg.eval.on_start) == (3, 5, False)
     for bad, msg in (("eval.n=0", "eval.n must be >= 1"), ("eval.every=-1", "eval.every must be >= 0"),
                      ("eval.temperature=-0.5", "eval.temperature")):
         with pytest.raises(ConfigError, match=msg):
@@ -53,7 +55,7 @@ def _random_adapter(hf_dir, seed: int) -> LoraAdapter:
 def test_a_real_evaluation_scores_the_adapter_it_is_given():
     """llama.cpp on the default GGUF, greedy: the base twice gives the same answers; a random
     adapter changes them; every answer's reward is the task's on its text."""
-    cfg = load_config(LearnerConfig, None, ["eval.n=2", "eval.threads=1", "train.max_tokens=10"])
+    cfg = load_config(LearnerConfig, None, ["eval.n=2", "eval.threads=1", "train.max_tokens=10", "train.steps=20"])
     resolved = resolve_model("default")
     task, tokenizer = ArithTask(seed=0), load_tokenizer(resolved.hf_dir)
     heldout = build_heldout(cfg, resolved.gguf_path, resolved.hf_dir, task, tokenizer)
@@ -71,8 +73,9 @@ def test_a_real_evaluation_scores_the_adapter_it_is_given():
         assert 0 < s.tokens <= 10
     point = EvalPoint.of(4, 4, tuned)
     assert point.fields()["eval_n"] == 2 and point.fields()["eval_correct"] == tuned.correct
-    assert build_heldout(load_config(LearnerConfig, None, ["eval.every=0", "eval.on_start=false"]),
-                         resolved.gguf_path, resolved.hf_dir, task, tokenizer) is None
+    for off in (["eval.every=0"], ["train.steps=3"]):  # evaluation off; a run too short for a curve
+        assert build_heldout(load_config(LearnerConfig, None, off), resolved.gguf_path, resolved.hf_dir, task,
+                             tokenizer) is None
 
 
 def test_stop_ends_an_evaluation_at_its_next_problem():
