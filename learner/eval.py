@@ -110,7 +110,8 @@ def score(label: str, rewards: list[float], seconds: float = 0.0) -> EvalResult:
 @dataclass(frozen=True)
 class EvalSample:
     """One evaluated problem: its question, the model's answer (a multi-turn episode's assistant
-    turns joined by `` | ``), the reference answer, the reward and the tokens generated."""
+    turns joined by `` | ``), the reference answer, the reward, the tokens generated and how the
+    (last) answer ended (``stop`` or ``length``)."""
 
     index: int
     question: str
@@ -118,6 +119,7 @@ class EvalSample:
     answer: str
     reward: float
     tokens: int
+    finish: str = ""
 
 
 def evaluate(task: Any, tokenizer: Any, generate: Callable, n: int, *, multi_turn: bool = False,
@@ -132,22 +134,24 @@ def evaluate(task: Any, tokenizer: Any, generate: Callable, n: int, *, multi_tur
     for i in range(n):
         problem = task.problem("eval", i)
         if multi_turn:
-            made: list[int] = []
+            made: list[tuple[int, str]] = []
 
             def gen(ids, _i=i):
                 c = generate(ids, _i)
-                made.append(len(c.token_ids))
+                made.append((len(c.token_ids), c.finish_reason))
                 return c.token_ids, c.logprobs, c.finish_reason
             episode = run_episode(task, problem, tokenizer, gen, max_context_tokens)
             rewards.append(float(episode.reward))
-            text, tokens = " | ".join(episode.assistant_texts), sum(made)
+            text, tokens = " | ".join(episode.assistant_texts), sum(n for n, _ in made)
+            finish = made[-1][1] if made else ""
         else:
             c = generate(task.render_prompt(tokenizer, problem), i)
             text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
             rewards.append(float(task.reward(problem, text)))
-            tokens = len(c.token_ids)
+            tokens, finish = len(c.token_ids), c.finish_reason
         if samples is not None:
-            samples.append(EvalSample(i, str(problem.question), text, str(problem.answer), rewards[-1], tokens))
+            samples.append(EvalSample(i, str(problem.question), text, str(problem.answer), rewards[-1], tokens,
+                                      str(finish)))
     return score(label, rewards, time.perf_counter() - t0)
 
 

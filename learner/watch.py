@@ -110,7 +110,7 @@ def sampled_completions(step: int, groups: Sequence[Any], rewards: Sequence[floa
 def eval_records(point: EvalPoint, samples: Sequence[EvalSample], k: int) -> list[CompletionRecord]:
     """The first ``k`` answers of an evaluation as completion records (``split`` ``eval``)."""
     return [CompletionRecord(point.step, "eval", point.version, f"eval-{s.index}", "learner", _text(s.question),
-                             _text(s.completion), _text(s.answer), _finite(s.reward), None, s.tokens, "")
+                             _text(s.completion), _text(s.answer), _finite(s.reward), None, s.tokens, s.finish)
             for s in samples[:max(0, k)]]
 
 

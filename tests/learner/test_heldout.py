@@ -70,7 +70,7 @@ def test_a_real_evaluation_scores_the_adapter_it_is_given():
     for s in base_samples + tuned_samples:
         problem = task.problem("eval", s.index)
         assert s.question == problem.question and s.reward == task.reward(problem, s.completion)
-        assert 0 < s.tokens <= 10
+        assert 0 < s.tokens <= 10 and s.finish == ("length" if s.tokens == 10 else "stop")
     point = EvalPoint.of(4, 4, tuned)
     assert point.fields()["eval_n"] == 2 and point.fields()["eval_correct"] == tuned.correct
     for off in (["eval.every=0"], ["train.steps=3"]):  # evaluation off; a run too short for a curve
