@@ -60,6 +60,8 @@ def _cell(key: str, value: Any) -> str:
     if isinstance(value, float):
         return f"<td>{value:+.3f}</td>" if key == "advantage" else f"<td>{value:.3f}</td>"
     text = str(value)
+    if key == "peer" and len(text) > 12:  # a peer id: its last characters, as the nodes table shows it
+        return f'<td title="{escape(text)}">{escape(text[-6:])}</td>'
     short = text if len(text) <= CELL_CHARS else text[:CELL_CHARS] + "\u2026"
     if key in ("question", "completion", "answer"):
         return f'<td class=l title="{escape(text)}">{escape(short)}</td>'

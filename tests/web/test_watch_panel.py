@@ -23,7 +23,7 @@ from test_report import make_run
 
 
 def _record(step: int, split: str, text: str) -> CompletionRecord:
-    return CompletionRecord(step, split, step - 1, "g1", "12D3KooWpeer", "What is 2 + <b>2</b>?", text, "4",
+    return CompletionRecord(step, split, step - 1, "g1", "12D3KooWQxYzPeerAb12", "What is 2 + <b>2</b>?", text, "4",
                             1.0 if "4" in text else 0.0, 0.7 if split == "train" else None, 5, "stop")
 
 
@@ -40,6 +40,7 @@ def test_panels_show_the_curve_and_the_newest_tables():
     assert samples.count("<tr class=completion>") == 3 and 'id="completions-table"' in samples
     assert "&lt;b&gt;2&lt;/b&gt;" in samples and "<b>2</b>" not in samples  # text is escaped
     assert "x" * 160 + "\u2026" in samples and "+0.700" in samples  # long answers cut, advantage signed
+    assert '<td title="12D3KooWQxYzPeerAb12">erAb12</td>' in samples  # a peer id as the nodes table shows it
     empty = watch_sections(None)
     assert "no held-out evaluation yet" in empty["heldout"] and "none yet" in empty["samples"]
     assert list(SECTIONS)[:4] == ["status", "charts", "heldout", "samples"]
