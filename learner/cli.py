@@ -100,7 +100,32 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a config field (repeatable)")
     co.add_argument("--markdown", action="store_true",
                     help="print the reference of every section as Markdown instead (docs/config.md)")
+    add_export_parser(sub)
     return p
+
+
+def add_export_parser(sub) -> None:
+    """``export``: a trained adapter as a merged HF model, a GGUF LoRA or a merged GGUF (``learner/export.py``)."""
+    from learner.export import DTYPES, FORMATS
+
+    ex = sub.add_parser("export", help="a trained adapter as a merged HF model, a GGUF LoRA or a merged GGUF, "
+                                       "optionally pushed to the Hugging Face Hub")
+    ex.add_argument("path", type=Path, metavar="RUN_DIR|ADAPTER",
+                    help="a run directory (its adapter/, else its newest adapters/step-N/) or a peft adapter directory")
+    ex.add_argument("--to", required=True, choices=FORMATS, help="merged-hf: a transformers directory; gguf-lora: "
+                    "a LoRA for llama.cpp --lora / Ollama ADAPTER; merged-gguf: one GGUF file")
+    ex.add_argument("--out", type=Path, default=None,
+                    help="output directory or file (default beside the adapter: <adapter>-merged-hf, -lora.gguf, "
+                         "-merged-<outtype>.gguf)")
+    ex.add_argument("--model", default=None,
+                    help="the base model the adapter was trained on (default: the run's model.name)")
+    ex.add_argument("--revision", default=None, help="the base model's Hub revision (default: the run's)")
+    ex.add_argument("--dtype", default="auto", choices=DTYPES, help="merged-hf weights (auto: the base's own)")
+    ex.add_argument("--outtype", default="f16", choices=("f32", "f16", "bf16", "q8_0"),
+                    help="merged-gguf weights (llama.cpp's converter)")
+    ex.add_argument("--push-to-hub", default="", metavar="ORG/NAME",
+                    help="then upload the output to this Hub model repository (huggingface_hub; needs a token)")
+    ex.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
 
 
 def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
@@ -174,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             print(f"swarm-learner: report written to {write_report(args.run_dir, args.out)}")
             return 0
+        if args.command == "export":
+            return run_export_command(args)
         if args.command == "launch":
             flags = shortcut_overrides(args, LAUNCH_FLAGS + DASHBOARD_FLAGS + REPORT_FLAGS) + network_overrides(args)
             cfg = validate(load_config(LearnerConfig, args.config, [*args.overrides, *flags]))
@@ -244,6 +271,18 @@ def validate(cfg: LearnerConfig) -> LearnerConfig:
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from None
     return cfg
+
+
+def run_export_command(args) -> int:
+    from learner.export import ExportError, run_export  # torch, peft: when used
+
+    try:
+        run_export(args.path, args.to, out=args.out, model=args.model, revision=args.revision, dtype=args.dtype,
+                   outtype=args.outtype, push=args.push_to_hub, private=args.private)
+    except (ExportError, ValueError, RuntimeError) as e:  # a wrong base, a refused upload, a converter failure
+        print(f"swarm-learner: export: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def run_eval_command(args, cfg) -> int:

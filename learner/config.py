@@ -6,7 +6,7 @@ resolved config with every field's doc and default, and ``docs/config.md`` is ge
 
 Sections, in the order a config file lists them:
 
-- here: ``[model]``, ``[task]``, ``[lora]``, ``[train]``, ``[sync]``, ``[report]``;
+- here: ``[model]``, ``[task]``, ``[lora]``, ``[train]``, ``[sync]``, ``[report]``, ``[eval]``;
 - :mod:`learner.config_net`: ``[network]``, ``[dissem]``, ``[dashboard]``, ``[nat]``, ``[run]``,
   ``[pipeline]`` (whose class extends the allocator's :class:`swarm.pipeline.allocate.PlanConfig`);
 - :mod:`learner.config_verify`: ``[verify]``, ``[replay]``, ``[validators]``;
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -31,7 +32,7 @@ from learner.config_verify import ReplayConfig, ValidatorConfig, VerifyConfig
 from swarm.config import Rule, Section, setting
 from swarm.limits import LimitSettings
 
-__all__ = ["DashboardConfig", "DissemConfig", "LearnerConfig", "LearnerNatConfig", "LoraSettings", "ModelConfig",
+__all__ = ["DashboardConfig", "EvalConfig", "DissemConfig", "LearnerConfig", "LearnerNatConfig", "LoraSettings", "ModelConfig",
            "NetworkConfig", "PipelineConfig", "ReplayConfig", "ReportConfig", "RunConfig", "SyncConfig", "TaskConfig",
            "TrainConfig", "ValidatorConfig", "VerifyConfig", "LossKind", "Precision"]
 
@@ -44,6 +45,8 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 LOSSES: tuple[str, ...] = get_args(LossKind)
 #: What ``report.to`` may name.
 REPORT_TARGETS = ("tensorboard", "wandb")
+#: The values of ``WANDB_MODE`` the W&B client accepts.
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "shared")
 
 
 def check_device(spec: str) -> None:
@@ -197,6 +200,10 @@ class TrainConfig(Section):
     seed: int = 0
     #: Write a resumable checkpoint every this many steps (0 = only at the end).
     checkpoint_every: int = setting(10, ge=0)
+    #: Also write the adapter as a peft directory every this many steps, kept beside the
+    #: checkpoints: ``<run_dir>/adapters/step-<n>/`` (``PeftModel.from_pretrained``, ``swarm-learner
+    #: export`` and ``eval``); 0 = only the final ``adapter/``.
+    adapter_every: int = setting(10, ge=0)
     #: Before each step, recompute the rollouts' log-probs in fp32 under the learner's current
     #: policy and log the mean |behaviour - recomputed| per node backend as
     #: ``behav_diff_<backend>`` (one extra forward pass per step; ``learner/behaviour_check.py``).
@@ -260,8 +267,11 @@ def _check_report_target(item: str) -> None:
         if t not in REPORT_TARGETS:
             raise ValueError(f"unknown target {t!r}; use {', '.join(REPORT_TARGETS)}")
         if importlib.util.find_spec(t) is None:
-            extra = "; it logs offline" if t == "wandb" else ""
-            raise ValueError(f"{t} needs the {t} package (pip install {t}){extra}")
+            extra = "'echo-swarm[wandb]'" if t == "wandb" else t
+            raise ValueError(f"{t} needs the {t} package (pip install {extra})")
+        mode = os.environ.get("WANDB_MODE", "").strip().lower()
+        if t == "wandb" and mode and mode not in WANDB_MODES:
+            raise ValueError(f"WANDB_MODE={mode!r} is not one of {', '.join(WANDB_MODES)}")
 
 
 @dataclass(frozen=True)
@@ -270,15 +280,48 @@ class ReportConfig(Section):
     (``learner/report_to.py``)."""
 
     #: Where to send each step's figures besides ``metrics.jsonl``: ``tensorboard`` (event files
-    #: in the run directory), ``wandb`` (offline; needs the wandb package). Repeat ``--report-to``
-    #: or give a comma-separated list.
+    #: in the run directory), ``wandb`` (online when a key is configured, else offline; ``WANDB_MODE``
+    #: decides when set; needs the wandb package). Repeat ``--report-to`` or give a comma-separated list.
     to: list[str] = setting(factory=list, check=_check_report_target)
-    #: W&B project name of the offline run.
+    #: W&B project name of the run.
     wandb_project: str = "echo-swarm"
+    #: Log a table of sampled completions with their rewards every this many steps (0 = never;
+    #: TRL's ``log_completions``): ``completions.jsonl``, TensorBoard text, a W&B table, the dashboard.
+    completions_every: int = setting(1, ge=0)
+    #: Completions in each table, taken in turn from the step's prompt groups.
+    completions: int = setting(8, ge=0)
 
     def targets(self) -> list[str]:
         """``to`` with comma-separated entries split, duplicates and ``none`` dropped."""
         return report_targets(self.to)
+
+
+@dataclass(frozen=True)
+class EvalConfig(Section):
+    """``[eval]``: the held-out evaluation while training (``learner/heldout.py``; TRL's
+    ``eval_steps``, verl's ``test_freq``)."""
+
+    #: Score the adapter on the eval split every this many learner steps, and after the last
+    #: step (0 = never while training; ``swarm-learner eval`` still works afterwards). A run of
+    #: fewer steps is not evaluated while training.
+    every: int = setting(10, ge=0)
+    #: Eval problems each time: the first ``n`` of the task's eval split, the same every time.
+    n: int = setting(16, ge=1)
+    #: Also score the starting adapter before the first step (step 0; verl's ``val_before_train``).
+    on_start: bool = True
+    #: Sampling temperature of the answers (0 = greedy: one deterministic answer per problem).
+    temperature: float = setting(0.0, ge=0, lt=math.inf)
+    #: Tokens per answer (0 = ``train.max_tokens``).
+    max_tokens: int = setting(0, ge=0)
+    #: llama.cpp threads (0 = half the cores in sequential mode, where the nodes wait while the
+    #: learner evaluates; 1 in async mode, where they keep generating beside it).
+    threads: int = setting(0, ge=0)
+    #: Evaluated answers shown with the sampled completions (verl's ``log_val_generations``).
+    samples: int = setting(4, ge=0)
+
+    def evaluates(self, steps: int) -> bool:
+        """Whether a run of ``steps`` learner steps is evaluated while training (at least ``every``)."""
+        return self.every > 0 and steps >= self.every
 
 
 def _holds_a_batch(c: LearnerConfig) -> bool:
@@ -307,6 +350,8 @@ class LearnerConfig(Section):
     limits: LimitSettings = field(default_factory=LimitSettings)
     #: Each step's figures also to TensorBoard / W&B (``--report-to``; ``learner/report_to.py``).
     report: ReportConfig = field(default_factory=ReportConfig)
+    #: Held-out evaluation while training (``learner/heldout.py``).
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     rules = (
         Rule("sync.buffer_groups", _holds_a_batch, "must hold at least one batch (train.prompts_per_step groups)"),

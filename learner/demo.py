@@ -19,6 +19,8 @@ from learner.config import NetworkConfig
 from learner.metrics import first_reaching, read_metrics, rolling_mean
 from learner.stage_requests import describe_pipelines
 from swarm.config import with_values
+from learner.run_log import append_line
+from learner.watch import EVAL_FILE, read_jsonl
 from swarm.pipeline.allocate import RunSpec, end_costs
 
 #: Seconds a node gets to exit by itself after the run before it is terminated.
@@ -137,10 +139,13 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
 
 
 def summarise(run_dir: Path, total_s: float, node_backends: dict[str, str] | None = None) -> int:
+    """Print the run's summary (also into ``learner.log``) and write ``summary.json``."""
+    def say(line: str) -> None:
+        append_line(run_dir, line)
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     if not rows:
-        print("demo: no steps completed")
+        say("demo: no steps completed")
         return 1
     rewards = [r["reward_mean"] for r in rows]
     k = min(5, len(rows))
@@ -163,6 +168,10 @@ def summarise(run_dir: Path, total_s: float, node_backends: dict[str, str] | Non
         "demo_wall_s": round(total_s, 1),
         "rollouts_per_node": per_node,
     }
+    evals = read_jsonl(run_dir / EVAL_FILE)  # the held-out curve (learner/watch.py)
+    if evals:
+        summary["heldout"] = {"n": evals[-1]["n"], "first": {k: evals[0][k] for k in ("step", "accuracy")},
+                              "last": {k: evals[-1][k] for k in ("step", "accuracy")}}
     diffs = sorted({k for r in rows for k in r if k.startswith("behav_diff_")})  # train.behaviour_check
     if diffs:
         summary["behav_abs_logp_diff"] = {k[len("behav_diff_"):]: sum(r[k] for r in rows if k in r) /
@@ -175,20 +184,24 @@ def summarise(run_dir: Path, total_s: float, node_backends: dict[str, str] | Non
         summary["node_backends"] = node_backends
         summary["rollouts_per_backend"] = per_backend
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"demo: {len(rows)} steps in {rows[-1]['wall_s']:.0f}s of training ({total_s:.0f}s in all)")
-    print(f"demo: mean reward first {k} steps {first:.3f} -> last {k} steps {last:.3f} ({last - first:+.3f})")
+    say(f"demo: {len(rows)} steps in {rows[-1]['wall_s']:.0f}s of training ({total_s:.0f}s in all)")
+    say(f"demo: mean reward first {k} steps {first:.3f} -> last {k} steps {last:.3f} ({last - first:+.3f})")
     if hit:
-        print(f"demo: rolling {k}-step mean reached {TARGET_REWARD} at step {hit['step']}, "
-              f"t={hit['wall_s']:.0f}s, after {hit['samples']} samples")
+        say(f"demo: rolling {k}-step mean reached {TARGET_REWARD} at step {hit['step']}, "
+            f"t={hit['wall_s']:.0f}s, after {hit['samples']} samples")
     else:
-        print(f"demo: rolling mean never reached {TARGET_REWARD}")
-    print("demo: rollouts per node: " + ", ".join(f"{p[-6:]}={n}" for p, n in per_node.items()))
+        say(f"demo: rolling mean never reached {TARGET_REWARD}")
+    say("demo: rollouts per node: " + ", ".join(f"{p[-6:]}={n}" for p, n in per_node.items()))
     if node_backends:
-        print("demo: rollouts per backend: " + ", ".join(f"{b}={n}" for b, n in summary["rollouts_per_backend"].items()))
+        say("demo: rollouts per backend: " + ", ".join(f"{b}={n}" for b, n in summary["rollouts_per_backend"].items()))
     if diffs:
-        print("demo: mean |behaviour - learner recomputed| log-prob per token: " +
-              ", ".join(f"{b}={v:.2e}" for b, v in summary["behav_abs_logp_diff"].items()))
-    print(f"demo: outputs in {run_dir}: metrics.jsonl, reward.png, adapter/, checkpoints/, summary.json")
+        say("demo: mean |behaviour - learner recomputed| log-prob per token: " +
+            ", ".join(f"{b}={v:.2e}" for b, v in summary["behav_abs_logp_diff"].items()))
+    if evals:
+        say(f"demo: held-out accuracy on {evals[-1]['n']} eval problems {evals[0]['accuracy']:.3f} (step "
+            f"{evals[0]['step']}) -> {evals[-1]['accuracy']:.3f} (step {evals[-1]['step']})")
+    say(f"demo: outputs in {run_dir}: metrics.jsonl, eval.jsonl, completions.jsonl, learner.log, reward.png, "
+        "adapter/, adapters/, checkpoints/, summary.json")
     return 0
 
 

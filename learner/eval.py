@@ -107,24 +107,51 @@ def score(label: str, rewards: list[float], seconds: float = 0.0) -> EvalResult:
     return EvalResult(label, len(rewards), correct, mean, lo, hi, seconds)
 
 
+@dataclass(frozen=True)
+class EvalSample:
+    """One evaluated problem: its question, the model's answer (a multi-turn episode's assistant
+    turns joined by `` | ``), the reference answer, the reward, the tokens generated and how the
+    (last) answer ended (``stop`` or ``length``)."""
+
+    index: int
+    question: str
+    completion: str
+    answer: str
+    reward: float
+    tokens: int
+    finish: str = ""
+
+
 def evaluate(task: SingleTurnTask, tokenizer: Tokenizer, generate: Callable, n: int, *, multi_turn: bool = False,
-             max_context_tokens: int | None = None, label: str = "model") -> EvalResult:
+             max_context_tokens: int | None = None, label: str = "model",
+             samples: list[EvalSample] | None = None) -> EvalResult:
     """Score ``task`` on eval problems 0..n-1. ``generate(prompt_ids, i)`` returns a
-    ``SampledCompletion`` for problem ``i`` (one completion)."""
+    ``SampledCompletion`` for problem ``i`` (one completion). ``samples``, when given, receives
+    one :class:`EvalSample` per problem."""
 
     t0 = time.perf_counter()
     rewards = []
     for i in range(n):
         problem = task.problem("eval", i)
         if multi_turn:
+            made: list[tuple[int, str]] = []
+
             def gen(ids, _i=i):
                 c = generate(ids, _i)
+                made.append((len(c.token_ids), c.finish_reason))
                 return c.token_ids, c.logprobs, c.finish_reason
-            rewards.append(run_episode(task, problem, tokenizer, gen, max_context_tokens).reward)
+            episode = run_episode(task, problem, tokenizer, gen, max_context_tokens)
+            rewards.append(float(episode.reward))
+            text, tokens = " | ".join(episode.assistant_texts), sum(n for n, _ in made)
+            finish = made[-1][1] if made else ""
         else:
             c = generate(task.render_prompt(tokenizer, problem), i)
             text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
             rewards.append(float(task.reward(problem, text)))
+            tokens, finish = len(c.token_ids), c.finish_reason
+        if samples is not None:
+            samples.append(EvalSample(i, str(problem.question), text, str(problem.answer), rewards[-1], tokens,
+                                      str(finish)))
     return score(label, rewards, time.perf_counter() - t0)
 
 

@@ -29,6 +29,7 @@ from learner.contrib import ContribDesk
 from learner.coordinator import Coordinator, Limits
 from learner.dissem import start_learner_dissem
 from learner.episodes import EpisodeSettings, episode_settings, make_verifier, run_task
+from learner.heldout import EvalPoint, HeldOutEval, build_heldout, eval_due
 from learner.identity import announce_run, join_line, join_swarm, keep_peers, run_name
 from learner.metrics import MetricsWriter, plot_rewards, progress_line, rolling_mean
 from learner.model_serve import start_model_serve
@@ -38,10 +39,13 @@ from learner.stage_requests import stage_alive
 from learner.replay_llamacpp import build_replay
 from learner.roster import NodeRoster
 from learner.report_to import build_sinks
+from learner.run_log import run_log
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
+from learner.step_adapters import cut_step_adapters, save_step_adapter
 from learner.steps import StepContext, async_step, sequential_step
 from learner.trainer_build import build_trainer
 from learner.verify import Verifier
+from learner.watch import RunWatch
 from learner.web.server import start_learner_dashboard
 from swarm.config import dump_toml, to_dict
 from swarm.discovery.dht import open_discovery
@@ -85,6 +89,30 @@ def service_settings(cfg: LearnerConfig, run_id: str, run_name: str, model_sha25
     )
 
 
+async def evaluate_held_out(heldout: HeldOutEval, watch: RunWatch, trainer, state: LoopState,
+                            console: Callable[[str], None]) -> tuple[dict, HeldOutEval | None]:
+    """The held-out score of the adapter after ``state.step`` (``learner/heldout.py``) as the row's
+    ``eval_*`` fields, and the evaluator to keep using: an evaluation that fails is logged and
+    turned off for the rest of the run (None), and training goes on."""
+    try:
+        adapter = trainer.export_adapter(state.version)
+        # a learner stopped meanwhile does not wait for the rest: the thread ends at its next problem
+        result, samples = await trio.to_thread.run_sync(  # trio-typing's stubs predate abandon_on_cancel
+            heldout.run, adapter, abandon_on_cancel=True)  # type: ignore[call-arg]
+    except trio.Cancelled:
+        heldout.stop()
+        raise
+    except Exception as e:  # the task's eval split, llama.cpp: not worth stopping the training for
+        log.warning("held-out evaluation failed at step %d (%r); it is off for the rest of the run", state.step, e)
+        heldout.close()
+        return {}, None
+    point = EvalPoint.of(state.step, state.version, result)
+    console(f"learner: held-out eval at step {point.step} (v{point.version}): {point.correct}/{point.n} correct, "
+            f"accuracy {point.accuracy:.3f} [95% CI {point.ci_low:.3f}-{point.ci_high:.3f}], "
+            f"mean reward {point.mean_reward:.3f}, {point.seconds:.1f}s")
+    return watch.evaluated(point, samples), heldout
+
+
 async def run_learner(
     cfg: LearnerConfig,
     run_dir: Path,
@@ -98,10 +126,16 @@ async def run_learner(
     """Run the whole training job; ``task_status.started(addrs)`` once nodes can join.
     ``on_service`` receives the live service (tests and tools watch its coordinator).
     ``data_dir`` keeps the learner's key (same peer id every launch; ``swarm-learner launch``
-    passes ``--data-dir``); None = ``run_dir/identity`` (one identity per run dir)."""
+    passes ``--data-dir``); None = ``run_dir/identity`` (one identity per run dir). Every
+    console line and warning also goes to ``run_dir/learner.log`` (``learner/run_log.py``)."""
+    with run_log(Path(run_dir), console) as logged:
+        return await _run_learner(cfg, Path(run_dir), resume, logged.console, on_service, data_dir, task_status)
+
+
+async def _run_learner(cfg: LearnerConfig, run_dir: Path, resume: bool, console: Callable[[str], None],
+                       on_service: Callable[[LearnerService], None] | None, data_dir: Path | None,
+                       task_status) -> list[dict]:
     name = run_name(cfg)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))
     console(f"learner: loading model {cfg.model.name!r} ...")
     resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, cfg.model.cache_dir or None,
@@ -134,6 +168,11 @@ async def run_learner(
     metrics = MetricsWriter(run_dir, resume=resume, resume_step=state.step,
                             sinks=build_sinks(cfg.report, run_dir, config=to_dict(cfg), run_id=run_id,
                                               resume_step=state.step if resume else None))
+    # sampled completions and the held-out curve (learner/watch.py); adapters per N steps
+    watch = RunWatch(run_dir, metrics, resume_step=state.step if resume else None, eval_samples=cfg.eval.samples)
+    if resume:
+        cut_step_adapters(run_dir, state.step)
+    heldout = build_heldout(cfg, resolved.gguf_path, resolved.hf_dir, task, tokenizer)
     host_cfg = HostConfig(max_frame_bytes=cfg.network.max_frame_bytes, request_timeout_s=cfg.network.request_timeout_s,
                           limits=cfg.limits)
     identity_dir = Path(data_dir) if data_dir is not None else run_dir / "identity"
@@ -172,7 +211,7 @@ async def run_learner(
                 on_service(service)
             nursery.start_soon(service.expiry_loop)
             nursery.start_soon(service.verify_loop)  # re-scores held pushes after their ack
-            await start_learner_dashboard(nursery, cfg, service, metrics, state, run_dir, console)
+            await start_learner_dashboard(nursery, cfg, service, metrics, state, run_dir, console, watch=watch)
             service.publish(AdapterReply.from_adapter(trainer.export_adapter(state.version)))
             nursery.start_soon(join_swarm, host, discovery, cfg.network.bootstrap, console, identity_dir)
             nursery.start_soon(keep_peers, identity_dir, roster)  # remembered for the next start
@@ -180,12 +219,15 @@ async def run_learner(
             console(f"learner: listening on {host.peer_id} {' '.join(host.addrs)}")
             console(join_line(name, host.peer_id, host.addrs[0]))
             task_status.started(list(host.addrs))
+            if heldout is not None and cfg.eval.on_start and state.step == 0:  # while the nodes start
+                _, heldout = await evaluate_held_out(heldout, watch, trainer, state, console)
             t_start = time.perf_counter() - state.wall_s
             train = verifier.exclusive(trainer.train_step) if verifier is not None else trainer.train_step
             ctx = StepContext(cfg, state, coord, service, trainer, task, tokenizer, console, train)
             step_fn = async_step if cfg.sync.mode == "async" else sequential_step
             while state.step < t.steps:
                 row = await step_fn(ctx)
+                shown = row.pop("completions", [])
                 if verifier is not None:
                     row.update(verifier.take_metrics())
                     if service.checks is not None:
@@ -197,13 +239,21 @@ async def run_learner(
                 if service.validators is not None:
                     row.update(service.validators.take_metrics())
                 ledger.trained(row.pop("trained_groups", {}), row.pop("trained_ids", {}))
+                if heldout is not None and eval_due(cfg.eval.every, state.step, t.steps):
+                    fields, heldout = await evaluate_held_out(heldout, watch, trainer, state, console)
+                    row.update(fields)
                 state.wall_s = time.perf_counter() - t_start
                 row["wall_s"] = round(state.wall_s, 2)
                 metrics.write(row)
+                watch.completions(state.step, shown)
                 console(progress_line(row, t.steps, rolling_mean(metrics.rewards())[-1]))
+                if t.adapter_every and state.step % t.adapter_every == 0:
+                    await trio.to_thread.run_sync(save_step_adapter, run_dir, trainer, state.step)
                 if t.checkpoint_every and state.step % t.checkpoint_every == 0 and state.step < t.steps:
                     await trio.to_thread.run_sync(save_state, run_dir, trainer, state, open_problem_refs(coord))
             service.finish()
+            if heldout is not None:
+                heldout.close()
             if replay is not None:  # waits for a replay in progress (the context's lock)
                 await trio.to_thread.run_sync(replay.close)
             await trio.to_thread.run_sync(save_state, run_dir, trainer, state, open_problem_refs(coord))

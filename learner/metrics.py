@@ -47,13 +47,23 @@ class MetricsWriter:
         if self.sinks:
             from learner.report_to import scalars_of
 
-            scalars = scalars_of(row)
-            for sink in list(self.sinks):
-                try:
-                    sink.write(int(row.get("step", len(self.rows))), scalars)
-                except Exception as e:  # a full disk or a broken sink must not stop training
-                    log.warning("metrics: %s failed (%r); it gets no more rows", type(sink).__name__, e)
-                    self.sinks.remove(sink)
+            self.write_scalars(int(row.get("step", len(self.rows))), scalars_of(row))
+
+    def write_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        """Figures that have no row of their own (the held-out score before the first step) to the sinks."""
+        self._to_sinks(lambda sink: sink.write(step, scalars))
+
+    def write_table(self, step: int, name: str, columns: list[str], rows: list[list[Any]]) -> None:
+        """A table (``learner/watch.py``) to the sinks: TensorBoard text, a W&B table."""
+        self._to_sinks(lambda sink: sink.table(step, name, columns, rows))
+
+    def _to_sinks(self, call) -> None:
+        for sink in list(self.sinks):
+            try:
+                call(sink)
+            except Exception as e:  # a full disk or a broken sink must not stop training
+                log.warning("metrics: %s failed (%r); it gets no more rows", type(sink).__name__, e)
+                self.sinks.remove(sink)
 
     def close(self) -> None:
         """Close the sinks (metrics.jsonl is closed after every row)."""

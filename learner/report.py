@@ -18,7 +18,9 @@ from learner.ledger import work_columns
 from learner.metrics import ROLLING_WINDOW, read_metrics
 from learner.step_timing import CRITICAL_PARTS, OVERLAPPING_PARTS
 from learner.web.page import page_html
+from learner.watch import read_watch
 from learner.web.state import ledger_from_counts, short, steps_view
+from learner.web.watch_panel import watch_view
 
 
 def _read_json(path: Path) -> Any:
@@ -89,7 +91,8 @@ def report_snapshot(run_dir: Path) -> dict:
     ledger = ledger_from_counts(_read_json(run_dir / "ledger.json") or {})
     dissem = {"mode": status["dissem_mode"], "codec": cfg.get("dissem", {}).get("codec", "?"),
               "members": len(nodes), "depth": 0, "versions": [], "tree": []}
-    return {"status": status, "steps": steps, "nodes": nodes, "dissem": dissem, "ledger": ledger}
+    return {"status": status, "steps": steps, "nodes": nodes, "dissem": dissem, "ledger": ledger,
+            "watch": watch_view(read_watch(run_dir))}
 
 
 #: What each ``time_*`` field of the breakdown measures (``learner.step_timing``), for the table.

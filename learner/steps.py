@@ -37,6 +37,7 @@ from learner.trainer_api import TrainerAPI
 from learner.verify_queue import VerifyQueue
 from tasks.interface import SingleTurnTask, Tokenizer
 from learner.verify import GroupToCheck
+from learner.watch import sampled_completions
 from swarm.proto.adapter import AdapterReply
 
 #: Print a "waiting for rollouts" line when a batch has made no progress for this long.
@@ -240,6 +241,11 @@ async def _train_and_publish(ctx: StepContext, groups: list[CompletedGroup], t0:
     step_time = time.perf_counter() - t0
     comps = [c for g in groups for c in g.result.completions]
     lags = Counter(trained_on - g.result.version for g in groups for _ in g.result.completions)
+    report = ctx.cfg.report  # a table of sampled completions every N steps (learner/watch.py), popped by the loop
+    shown = []
+    if report.completions_every and state.step % report.completions_every == 0:
+        shown = sampled_completions(state.step, groups, rewards, [s.advantage for s in samples], ctx.task,
+                                    ctx.tokenizer, report.completions)
     return {
         **{f"train_{k}" if k in ("step", "step_time_s", "tokens", "sequences") else k: v
            for k, v in stats.items() if isinstance(v, (int, float))},
@@ -256,6 +262,7 @@ async def _train_and_publish(ctx: StepContext, groups: list[CompletedGroup], t0:
         "nodes": ctx.service.take_contributions(),
         "trained_groups": dict(Counter(g.peer_id for g in groups)),  # the work ledger's (learner/ledger.py) ...
         "trained_ids": {p: [g.spec.group_id for g in groups if g.peer_id == p] for p in {g.peer_id for g in groups}},
+        "completions": shown,
         "rollout_versions": sorted({g.result.version for g in groups}),
         "staleness_hist": {str(k): v for k, v in sorted(lags.items())},
         "staleness_max": max(lags, default=0),

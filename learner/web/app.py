@@ -3,7 +3,7 @@
 Routes (all GET; anything else is refused with 405):
 
 - ``/``: the page, rendered server-side; its small script follows ``/api/events``.
-- ``/api/status``, ``/api/nodes``, ``/api/steps``, ``/api/dissem``, ``/api/ledger``,
+- ``/api/status``, ``/api/nodes``, ``/api/steps``, ``/api/dissem``, ``/api/ledger``, ``/api/watch``,
   ``/api/snapshot`` (all of them): JSON.
 - ``/api/events``: server-sent events; event ``sections`` carries the page's sections as HTML,
   sent when the learner's state changed, at most once per ``min_update_s``.
@@ -38,7 +38,7 @@ log = logging.getLogger("echo_swarm.dashboard")
 SSE_KEEPALIVE_S = 15.0
 #: Milliseconds a browser waits before reconnecting a dropped event stream.
 SSE_RETRY_MS = 2000
-API_PARTS = ("status", "nodes", "steps", "dissem", "ledger")
+API_PARTS = ("status", "nodes", "steps", "dissem", "ledger", "watch")
 
 
 class SnapshotCollector:
@@ -68,6 +68,9 @@ class SnapshotCollector:
         yield gauge("learner_idle_seconds", "Learner wait for rollouts in the last step", last.get("learner_idle_s"))
         yield gauge("train_seconds", "GRPO update time of the last step", last.get("train_s"))
         yield gauge("staleness_max", "Largest version lag trained in the last step", last.get("staleness_max"))
+        evals = (snap.get("watch") or {}).get("evals") or []
+        if evals:
+            yield gauge("eval_accuracy", "Held-out accuracy of the newest evaluation", evals[-1]["accuracy"])
         samples = CounterMetricFamily("echo_swarm_samples", "Samples trained", labels=[])
         samples.add_metric([], float(st["samples"]))
         yield samples
@@ -126,7 +129,7 @@ def create_app(snapshot: Callable[[], dict], wait_changed: Callable[[], Awaitabl
     def api(part: str):
         async def endpoint(request: Request) -> JSONResponse:
             snap = snapshot()
-            return JSONResponse(json_safe(snap if part == "snapshot" else snap[part]))
+            return JSONResponse(json_safe(snap if part == "snapshot" else snap.get(part)))
         return endpoint
 
     async def metrics(request: Request) -> Response:

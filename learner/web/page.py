@@ -11,10 +11,14 @@ from html import escape
 from typing import Any
 
 from learner.web.svg import Series, line_chart
+from learner.web.watch_panel import WATCH_SECTIONS, watch_sections
 
 #: Section element id -> heading.
-SECTIONS = {"status": "Run", "charts": "Progress", "nodes": "Nodes", "ledger": "Ledger",
+SECTIONS = {"status": "Run", "charts": "Progress", **WATCH_SECTIONS, "nodes": "Nodes", "ledger": "Ledger",
             "dissem": "Adapter dissemination"}
+#: ``eval_*`` fields of the step rows drawn on the reward chart (the held-out panel shows the
+#: rest: ``learner/web/watch_panel.py``).
+EVAL_ON_REWARD_CHART = ("eval_accuracy",)
 #: Charts of longer runs than this (steps) draw lines only: a circle per step would make every
 #: update heavy for the browser and for the learner's loop.
 MAX_MARKERS = 200
@@ -83,7 +87,7 @@ def charts_html(snap: dict) -> str:
     markers = len(steps) <= MAX_MARKERS
     reward = [Series("reward", [(x, s.get("reward_mean")) for x, s in zip(xs, steps)], markers=markers),
               Series("rolling mean", [(x, s.get("reward_rolling")) for x, s in zip(xs, steps)], markers=False, width=2.5)]
-    eval_keys = sorted({k for s in steps for k in s if k.startswith("eval_")})
+    eval_keys = [k for k in EVAL_ON_REWARD_CHART if any(k in s for s in steps)]
     for k in eval_keys:
         reward.append(Series(k.removeprefix("eval_"), [(x, s[k]) for x, s in zip(xs, steps) if k in s], line=False))
     times = [Series("learner idle", [(x, s.get("learner_idle_s")) for x, s in zip(xs, steps)], markers=markers),
@@ -169,7 +173,7 @@ def dissem_html(d: dict) -> str:
 def sections(snap: dict, charts: str | None = None) -> dict[str, str]:
     """Section id -> inner HTML (``charts``: the charts already rendered for this snapshot)."""
     return {"status": status_html(snap["status"]), "charts": charts if charts is not None else charts_html(snap),
-            "nodes": nodes_html(snap["nodes"]),
+            "nodes": nodes_html(snap["nodes"]), **watch_sections(snap.get("watch")),
             "ledger": ledger_html(snap["ledger"]), "dissem": dissem_html(snap["dissem"])}
 
 

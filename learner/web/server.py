@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import trio
 
 from swarm.addrs import parse_host_port as parse_listen
+
+if TYPE_CHECKING:
+    from learner.watch import WatchStats
+
+
+class WatchSource(Protocol):
+    """What the dashboard reads of :class:`learner.watch.RunWatch`."""
+
+    def statistics(self) -> WatchStats: ...
 
 log = logging.getLogger("echo_swarm.dashboard")
 
@@ -77,18 +86,23 @@ async def start_dashboard(nursery: trio.Nursery, app, listen: str, console: Call
 
 
 async def start_learner_dashboard(nursery: trio.Nursery, cfg, service, metrics, state, run_dir,
-                                  console: Callable[[str], None]) -> str | None:
-    """The learner's dashboard over its live objects (``cfg.dashboard``); None when off."""
+                                  console: Callable[[str], None], watch: WatchSource | None = None) -> str | None:
+    """The learner's dashboard over its live objects (``cfg.dashboard``); None when off. ``watch``:
+    the held-out curve and sampled completions (``learner/watch.py``), shown in their panels."""
     import time
 
     from learner.web.app import create_app
     from learner.web.state import DashboardSource, snapshot
+    from learner.web.watch_panel import with_watch
 
     if not cfg.dashboard.enabled:
         return None
     src = DashboardSource(cfg=cfg, service=service, metrics=metrics, state=state, run_dir=str(run_dir),
                           started_at=time.time(), clock=trio.current_time)
-    app = create_app(lambda: snapshot(src), service.wait_changed, cfg.dashboard.min_update_s,
+    def snap() -> dict:
+        return snapshot(src) if watch is None else with_watch(snapshot(src), watch.statistics())
+
+    app = create_app(snap, service.wait_changed, cfg.dashboard.min_update_s,
                      title=f"echo-swarm learner: {cfg.task.name}")
     try:
         return await start_dashboard(nursery, app, cfg.dashboard.listen, console)

@@ -51,6 +51,7 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
         "replay.budget_s_per_step=12.5", "replay.contexts=3", "replay.max_threads=9", "replay.burst_steps=3",
         "validators.deadline_s=77.0", "validators.max_logprob_diff=0.01", "validators.max_jobs_per_peer=2",
         'report.to=["tensorboard"]',
+        "eval.every=1", "eval.n=5", "eval.on_start=false", "eval.max_tokens=16", "eval.samples=2",
     ])
     default = LearnerConfig()
     tasks_made = []
@@ -60,6 +61,8 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
     lines: list[str] = []
     real_nat = loop.NatService
     monkeypatch.setattr(loop, "NatService", lambda host, nat_cfg: seen.setdefault("nat", real_nat(host, nat_cfg)))
+    real_heldout = loop.build_heldout
+    monkeypatch.setattr(loop, "build_heldout", lambda *a: seen.setdefault("heldout", real_heldout(*a)))
 
     def on_service(service) -> None:
         seen["service"] = service
@@ -154,6 +157,12 @@ def test_every_config_section_reaches_its_component(tmp_path: Path, monkeypatch)
 
     checked.add("report")  # TensorBoard's event file is opened in the run dir when the metrics writer starts
     assert list((tmp_path / "run").glob("events.out.tfevents.*"))
+    assert (tmp_path / "run" / "completions.jsonl").exists()  # the completions table's file (learner/watch.py)
+
+    checked.add("eval")  # the learner's held-out evaluator (learner/heldout.py); on_start off: nothing ran
+    heldout = seen["heldout"]
+    assert (heldout.cfg.every, heldout.cfg.n, heldout.max_tokens, heldout.seed) == (1, 5, 16, 5)
+    assert not (tmp_path / "run" / "eval.jsonl").read_text()
 
     # every section of the config is checked above, and every checked value differs from its default
     assert checked == {f.name for f in dataclasses.fields(LearnerConfig)}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from learner.config import LearnerConfig
@@ -72,3 +74,60 @@ def test_wandb_without_the_package_is_a_config_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError, match="wandb needs the wandb package"):
         ReportConfig(to=["wandb"])
+
+
+def test_wandb_mode_follows_wandb_mode_then_a_configured_key():
+    from learner.report_to import wandb_mode
+
+    assert wandb_mode({}) == "offline"
+    assert wandb_mode({"WANDB_API_KEY": "fake-key"}) == "online"
+    assert wandb_mode({"WANDB_API_KEY": "fake-key", "WANDB_MODE": "offline"}) == "offline"
+    assert wandb_mode({"WANDB_MODE": "Disabled"}) == "disabled"
+    assert wandb_mode({}, ["api.wandb.ai"]) == "online"  # `wandb login` wrote ~/.netrc
+    assert wandb_mode({"WANDB_BASE_URL": "https://wandb.example.org:8443"}, ["api.wandb.ai"]) == "offline"
+    assert wandb_mode({"WANDB_BASE_URL": "https://wandb.example.org:8443"}, ["wandb.example.org"]) == "online"
+
+
+def test_netrc_hosts_read_the_users_file(tmp_path):
+    from learner.report_to import netrc_hosts
+
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password fake-key\n")
+    assert netrc_hosts({"NETRC": str(tmp_path / "netrc")}) == ["api.wandb.ai"]
+    assert netrc_hosts({"NETRC": str(tmp_path / "none")}) == []
+
+
+def test_a_bad_wandb_mode_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "sometimes")
+    with pytest.raises(ConfigError, match="WANDB_MODE='sometimes'"):
+        ReportConfig(to=["wandb"])
+    ReportConfig(to=["tensorboard"])  # only W&B cares
+
+
+def test_wandb_offline_with_a_fake_key_logs_rows_and_tables_locally(tmp_path, monkeypatch):
+    """WANDB_MODE=offline wins over a configured (fake) key: nothing leaves the machine, the run's
+    rows and a completions table land in the offline run under run_dir/wandb."""
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sinks = build_sinks(ReportConfig(to=["wandb"]), tmp_path, config={"train": {"steps": 2}}, run_id="abc123")
+    assert [s.mode for s in sinks] == ["offline"]
+    w = MetricsWriter(tmp_path, sinks=sinks)
+    w.write({"step": 1, "reward_mean": 0.25})
+    w.write_table(1, "completions", ["step", "completion", "reward"], [[1, "2 + 2 = 4", 1.0]])
+    w.write({"step": 2, "reward_mean": 0.5})
+    w.close()
+    assert w.sinks == []  # closed, none dropped by a failure
+    runs = list((tmp_path / "wandb").glob("offline-run-*-abc123"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    table = list(runs[0].glob("files/media/table/completions_1_*.table.json"))
+    assert table and json.loads(table[0].read_text())["data"] == [[1, "2 + 2 = 4", 1.0]]
+
+
+def test_wandb_disabled_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    w = MetricsWriter(tmp_path, sinks=build_sinks(ReportConfig(to=["wandb"]), tmp_path, run_id="abc123"))
+    w.write({"step": 1, "reward_mean": 0.25})
+    w.write_table(1, "completions", ["step"], [[1]])
+    w.close()
+    assert not list((tmp_path / "wandb").glob("*run-*")) and len(w.rows) == 1
