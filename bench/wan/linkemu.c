@@ -9,13 +9,18 @@
  * into the other tap. Frames that are not IP (ARP) pass at once and are never dropped: on a
  * real path they never cross the long link. Bandwidth stays with tc tbf on the veths.
  *
- *   linkemu [--seed N] [--slots N] NETNS:TAP_A:TAP_B ...
+ *   linkemu [--seed N] [--slots N] [--realtime] NETNS:TAP_A:TAP_B ...
  *
+ * --realtime asks for SCHED_FIFO priority 1 (kept when refused): the wire's timing should not
+ * depend on how busy the machine's other processes keep the CPU; the process sleeps in epoll
+ * whenever no frame is due, and the kernel caps real-time tasks below a whole CPU.
  * NETNS names a namespace under /run/netns ("-": the current one). Prints "ready" once every
  * tap is open. Commands on stdin, one per line (answered "ok" or "error ..."):
  *   set LINK DIR DELAY_US JITTER_US LOSS_PPM    DIR 0: a->b (upload), 1: b->a (download)
  *   stats                                        one line: per link and direction
- *                                                in,out,lost,overflow,bytes
+ *                                                in,out,lost,overflow,bytes,late_sum_us,
+ *                                                late_max_us,late_over_1ms (frames written
+ *                                                after their release time: by how much)
  *   quit                                         (also on end of input, SIGTERM or SIGINT)
  */
 #define _GNU_SOURCE
@@ -54,6 +59,7 @@ typedef struct {
     uint32_t head, count;
     uint64_t last_release_ns;
     uint64_t n_in, n_out, n_lost, n_overflow, n_bytes;
+    uint64_t late_sum_ns, late_max_ns, n_late_ms;  /* written after their release time */
 } dir_t;
 
 static dir_t dirs[2 * MAX_LINKS];
@@ -147,8 +153,12 @@ static uint64_t release_due(uint64_t now) {
                 break;
             }
             if (write(d->out_fd, s->data, s->len) == (ssize_t)s->len) {
+                uint64_t late = now - s->release_ns;
                 d->n_out++;
                 d->n_bytes += s->len;
+                d->late_sum_ns += late;
+                if (late > d->late_max_ns) d->late_max_ns = late;
+                if (late > 1000000) d->n_late_ms++;
             } else {
                 d->n_overflow++;
             }
@@ -176,9 +186,11 @@ static void command(char *line) {
     } else if (strncmp(line, "stats", 5) == 0) {
         for (int k = 0; k < n_dirs; k++) {
             dir_t *d = &dirs[k];
-            printf("%s%llu,%llu,%llu,%llu,%llu", k ? " " : "", (unsigned long long)d->n_in,
+            printf("%s%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu", k ? " " : "", (unsigned long long)d->n_in,
                    (unsigned long long)d->n_out, (unsigned long long)d->n_lost,
-                   (unsigned long long)d->n_overflow, (unsigned long long)d->n_bytes);
+                   (unsigned long long)d->n_overflow, (unsigned long long)d->n_bytes,
+                   (unsigned long long)(d->late_sum_ns / 1000), (unsigned long long)(d->late_max_ns / 1000),
+                   (unsigned long long)d->n_late_ms);
         }
         printf("\n");
     } else if (strncmp(line, "quit", 4) == 0) {
@@ -193,7 +205,15 @@ static void on_signal(int sig) { (void)sig; stop = 1; }
 
 int main(int argc, char **argv) {
     int argi = 1;
-    while (argi + 1 < argc && argv[argi][0] == '-' && argv[argi][1] == '-') {
+    while (argi < argc && !strncmp(argv[argi], "--", 2)) {
+        if (!strcmp(argv[argi], "--realtime")) {
+            struct sched_param sp = {.sched_priority = 1};
+            if (sched_setscheduler(0, SCHED_FIFO, &sp) < 0)
+                fprintf(stderr, "linkemu: no real-time priority: %s\n", strerror(errno));
+            argi++;
+            continue;
+        }
+        if (argi + 1 >= argc) { fprintf(stderr, "linkemu: %s needs a value\n", argv[argi]); return 2; }
         if (!strcmp(argv[argi], "--seed")) rng_state ^= strtoull(argv[argi + 1], NULL, 10) * 0x2545F4914F6CDD1DULL;
         else if (!strcmp(argv[argi], "--slots")) slots = (uint32_t)strtoul(argv[argi + 1], NULL, 10);
         else { fprintf(stderr, "linkemu: unknown option %s\n", argv[argi]); return 2; }

@@ -82,6 +82,11 @@ class DirStats:
     lost: int
     overflow: int
     bytes_out: int
+    #: Frames are written at or after their release time: the sum and the largest lateness (us)
+    #: and how many were more than 1 ms late (the emulator's own error, CPU contention included).
+    late_sum_us: int
+    late_max_us: int
+    late_over_1ms: int
 
 
 class LinkEmu:
@@ -89,7 +94,7 @@ class LinkEmu:
 
     def __init__(self, links: list[tuple[str, str, str]], seed: int = 0, slots: int = SLOTS) -> None:
         self.links = list(links)
-        argv = [str(build()), "--seed", str(seed), "--slots", str(slots)] + [":".join(spec) for spec in self.links]
+        argv = [str(build()), "--realtime", "--seed", str(seed), "--slots", str(slots)] + [":".join(spec) for spec in self.links]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, bufsize=1)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
