@@ -44,9 +44,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--even", action="store_true",
                    help="split layers evenly instead of by the allocator (which counts the LM head's compute)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--hop-ms", default=None,
+                   help="comma-separated one-way delays per hop (ms): run the stages on emulated hosts with that "
+                        "latency between them, against zero latency (bench/pipeline_wan.py; needs root)")
+    p.add_argument("--max-in-flight", type=int, default=32,
+                   help="with --hop-ms: most groups the chosen depth may keep in flight")
 
 
-def _start_stages(hf_dir: Path, ranges: list[tuple[int, int]], root: Path, args) -> list[tuple[subprocess.Popen, dict]]:
+def _start_stages(hf_dir: Path, ranges: list[tuple[int, int]], root: Path, args, popen=None,
+                  listens: list[str] | None = None) -> list[tuple[subprocess.Popen, dict]]:
+    """Start one stage process per range (``popen(i, cmd, **kw)``: on emulated host ``i``, else
+    here) and wait for each one's ready line."""
     procs = []
     for i, (a, b) in enumerate(ranges):
         cmd = [sys.executable, "-m", "node_agents.stages.serve", "--model", str(hf_dir), "--start", str(a),
@@ -54,8 +62,10 @@ def _start_stages(hf_dir: Path, ranges: list[tuple[int, int]], root: Path, args)
                "--backend", args.backend]
         if args.device:
             cmd += ["--device", args.device]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+        if listens:
+            cmd += ["--listen", listens[i]]
+        kw = dict(stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        procs.append(popen(i, cmd, **kw) if popen else subprocess.Popen(cmd, **kw))
     infos: dict[int, dict] = {}
     deadline = time.monotonic() + 600
     while len(infos) < len(procs):
@@ -82,15 +92,21 @@ def _summary(name: str, wall: float, tokens: int, busy: list[float], wire_bytes:
             "bytes_per_token": wire_bytes / tokens if tokens else 0.0}
 
 
-async def _pipeline_modes(args, infos, ranges, n_layers, prompt, eog, params, data_root) -> list[dict]:
+async def _pipeline_modes(args, infos, ranges, n_layers, prompt, eog, params, data_root,
+                          auto: bool = False) -> list[dict] | tuple[list[dict], dict]:
+    """The pipeline modes (1 and k in flight); with ``auto``, k in flight and the depth that
+    :func:`swarm.pipeline.depth.groups_in_flight` picks from a measured warm-up group, returning
+    (rows, the measurement)."""
     import trio
 
     from node_agents.stages.head import HeadStats, RouteStage, generate_over_route
     from swarm.host import open_host
+    from swarm.pipeline.depth import groups_in_flight
 
     k = len(ranges)
     route = [RouteStage(info["peer_id"], a, b) for info, (a, b) in zip(infos, ranges)]
     out = []
+    measured: dict = {}
     async with open_host(data_root / "head") as host:
         for info in infos:
             await host.connect(info["addrs"][0])
@@ -103,22 +119,31 @@ async def _pipeline_modes(args, infos, ranges, n_layers, prompt, eog, params, da
                                       stats=stats)
 
         await one(0, HeadStats())  # warm-up: first-call costs stay out of the figures
-        for name, concurrent in (("pipeline, 1 in flight", False), (f"pipeline, {k} in flight", True)):
-            stats = [HeadStats() for _ in range(k)]
+        modes = [("pipeline, 1 in flight", 1, False), (f"pipeline, {k} in flight", k, True)]
+        if auto:
+            warm = HeadStats()
+            await one(0, warm)  # the measurement a head decides its depth from
+            busy, wait = [b / warm.steps for b in warm.busy_s], [w / warm.steps for w in warm.wait_s]
+            depth = groups_in_flight(busy, wait, cap=args.max_in_flight)
+            measured = {"busy_ms": [round(1000 * b, 2) for b in busy], "wait_ms": [round(1000 * w, 2) for w in wait],
+                        "groups_in_flight": depth}
+            modes = [(f"{k} in flight", k, True), (f"auto: {depth} in flight", depth, True)]
+        for name, n_groups, concurrent in modes:
+            stats = [HeadStats() for _ in range(n_groups)]
             t0 = time.perf_counter()
             if concurrent:
                 async with trio.open_nursery() as nursery:
-                    for g in range(k):
+                    for g in range(n_groups):
                         nursery.start_soon(one, g, stats[g])
             else:
-                for g in range(k):
+                for g in range(n_groups):
                     await one(g, stats[g])
             wall = time.perf_counter() - t0
             busy = [sum(s.busy_s[i] for s in stats) for i in range(k)]
             wire = sum(sum(s.bytes_in) + sum(s.bytes_out) for s in stats)
             out.append(_summary(name, wall, sum(s.tokens for s in stats), busy, wire))
-            print(f"  {name}: {out[-1]['tokens_per_s']:.1f} tok/s", flush=True)
-    return out
+            print(f"  {name}: {out[-1]['tokens_per_s']:.1f} tok/s", file=sys.stderr if auto else sys.stdout, flush=True)
+    return (out, measured) if auto else out
 
 
 def run(args: argparse.Namespace) -> None:
@@ -154,6 +179,17 @@ def run(args: argparse.Namespace) -> None:
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1)
     print(f"pipeline bench: {hf_dir.name} ({args.backend}), {k} stages {ranges}, groups of {args.group_size} x "
           f"{args.max_tokens} tokens, wire {args.wire_dtype}", flush=True)
+
+    if args.hop_ms:
+        from bench.pipeline_wan import print_wan, run_wan
+
+        rows = run_wan(args, hf_dir, ranges, n_layers, prompt, eog, params)
+        print_wan(rows)
+        if args.json:
+            args.json.write_text(json.dumps({"stages": ranges, "group_size": args.group_size,
+                                             "max_tokens": args.max_tokens, "wire_dtype": args.wire_dtype,
+                                             "rows": rows}, indent=2))
+        return
 
     n_ctx = len(prompt) + args.max_tokens + 1
     if args.backend == "mlx":

@@ -1,0 +1,121 @@
+"""``swarm-bench pipeline --hop-ms 0,20,40,80``: the pipeline across emulated hosts, one stage
+process per host, every hop ``d`` ms one way (the link emulator of ``bench/wan/``), against the
+same pipeline at zero latency in the same run.
+
+Stage ``i`` runs on host ``i``; the head runs on host 0 beside the first stage (as a stage node
+heads its own pipeline: no network between them), in a process of its own
+(``python -m bench.pipeline_wan head SPEC``) since the head's libp2p host must live in that
+namespace. For each ``d`` every host's link gets a round trip of ``d`` ms (``d/2`` each way, so
+two hosts are ``d`` apart one way), and the head measures one warm-up group (its per-hop waits
+and the stages' compute: ``HeadStats.wait_s`` / ``busy_s``), then runs:
+
+- ``k in flight``: ``k`` groups at once (the loopback bench's mode);
+- ``auto``: as many groups at once as :func:`swarm.pipeline.depth.groups_in_flight` chooses from
+  that measurement (at most ``--max-in-flight``), which is what a stage node heading a pipeline
+  asks the learner for.
+
+Each row gives tokens/s, the mean bubble (1 - busy) over the stages, and the ratio of its
+tokens/s to the same mode at ``d = 0``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def run_wan(args, hf_dir: Path, ranges: list[tuple[int, int]], n_layers: int, prompt: list[int], eog,
+            params) -> list[dict]:
+    from bench.netns import Testbed
+    from bench.pipeline import _start_stages
+    from bench.wan.profile import Link
+
+    delays = [float(x) for x in args.hop_ms.split(",")]
+    if delays[0] != 0:
+        delays = [0.0] + delays  # the zero-latency reference, always first
+    k = len(ranges)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="pipeline-wan-") as tmp, Testbed(k, wan=True) as tb:
+        root = Path(tmp)
+        procs = _start_stages(hf_dir, ranges, root, args, popen=lambda i, cmd, **kw: tb.popen(i, cmd, **kw),
+                              listens=[f"/ip4/{tb.ip(i)}/tcp/4300" for i in range(k)])
+        try:
+            for d in delays:
+                for i in range(k):
+                    tb.set_link(i, Link(rtt_ms=d))
+                spec = {"infos": [info for _, info in procs], "ranges": ranges, "n_layers": n_layers,
+                        "prompt": prompt, "eog": sorted(eog), "temperature": params.temperature,
+                        "top_p": params.top_p, "max_tokens": params.max_tokens, "seed": params.seed,
+                        "group_size": args.group_size, "wire_dtype": args.wire_dtype,
+                        "max_in_flight": args.max_in_flight, "data_dir": str(root / f"head{int(d)}")}
+                (root / "spec.json").write_text(json.dumps(spec))
+                res = tb.run(0, [sys.executable, "-m", "bench.pipeline_wan", "head", str(root / "spec.json")],
+                             timeout=1800)
+                if res.returncode != 0:
+                    raise RuntimeError(f"the head at {d:g} ms failed:\n{res.stderr[-3000:]}")
+                got = json.loads(res.stdout.strip().splitlines()[-1])
+                for r in got["results"]:
+                    r["hop_ms"] = d
+                    rows.append(r)
+                    print(f"  {d:g} ms one way per hop, {r['mode']}: {r['tokens_per_s']:.1f} tok/s, "
+                          f"bubble {_bubble(r):.2f}", flush=True)
+                print(f"  {d:g} ms: measured per step {got['measured']}", flush=True)
+        finally:
+            for p, _ in procs:
+                p.terminate()
+            for p, _ in procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    return rows
+
+
+def _bubble(r: dict) -> float:
+    b = r["bubble_fraction"]
+    return sum(b) / len(b) if b else 0.0
+
+
+def print_wan(rows: list[dict]) -> None:
+    """The table: each row's tokens/s against the same mode at 0 ms, and against the best mode at 0 ms."""
+    ref = {r["mode"].split(":")[0]: r["tokens_per_s"] for r in rows if r["hop_ms"] == 0}
+    best = max(ref.values(), default=0.0)
+    print(f"\n| one way per hop | mode | tok/s | bubble | vs same mode at 0 ms | vs best at 0 ms |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        base = ref.get(r["mode"].split(":")[0])
+        ratio = f"{r['tokens_per_s'] / base:.2f}" if base else "-"
+        vs_best = f"{r['tokens_per_s'] / best:.2f}" if best else "-"
+        print(f"| {r['hop_ms']:g} ms | {r['mode']} | {r['tokens_per_s']:.1f} | {_bubble(r):.2f} | {ratio} | {vs_best} |")
+
+
+def head_main(spec_path: str) -> int:
+    """The head process: measure one group, then the fixed and the chosen depth; print JSON."""
+    import trio
+
+    from bench.pipeline import _pipeline_modes
+    from node_agents.backends.base import SamplingParams
+
+    spec = json.loads(Path(spec_path).read_text())
+
+    class Args:
+        group_size = spec["group_size"]
+        wire_dtype = spec["wire_dtype"]
+        max_in_flight = spec["max_in_flight"]
+
+    params = SamplingParams(temperature=spec["temperature"], top_p=spec["top_p"], max_tokens=spec["max_tokens"],
+                            seed=spec["seed"])
+    results, measured = trio.run(_pipeline_modes, Args, spec["infos"], [tuple(r) for r in spec["ranges"]],
+                                 spec["n_layers"], spec["prompt"], frozenset(spec["eog"]), params,
+                                 Path(spec["data_dir"]), True)
+    print(json.dumps({"results": results, "measured": measured}))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "head":
+        raise SystemExit(head_main(sys.argv[2]))
+    raise SystemExit("usage: python -m bench.pipeline_wan head SPEC.json")
