@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--leaves-repeats", type=int, default=None,
                    help="with --nat: repeats of the NAT'd-as-leaves trials (default --repeats; each can take "
                         "minutes, since that behaviour may never deliver to every node)")
-    add_wan_arguments(p)
+    add_wan_arguments(p, several=True)
 
 
 def run(args) -> None:

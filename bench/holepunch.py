@@ -89,7 +89,7 @@ def run(args) -> None:
         case = f"{puncher}:{listener}"
         kinds = [k for k in (listener, puncher) if k != "public"]
         n_public = 1 + sum(k == "public" for k in (listener, puncher))
-        links = wan_links(args, n_public + len(kinds))
+        links = wan_links(args, n_public + len(kinds), args.rate_mbit)
         if links:
             print(f"  {case}: {describe(links)}", flush=True)
         with Testbed(n_public, args.rate_mbit, routers=tuple(RouterSpec(k) for k in kinds), wan=bool(links),

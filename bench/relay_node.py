@@ -127,7 +127,7 @@ async def run_learner(args) -> None:
             with open(args.out, "a") as out:
                 for version, trial in enumerate(trials, start=1):
                     if args.conditions and "wan" in trial:
-                        await ask_condition(args.conditions, f"{version} {trial['wan']}")
+                        await ask_condition(args.conditions, f"{version} {trial['wan']}")  # the bench sets them
                     members = sets.get(trial["set"], order) if "set" in trial else order
                     row = await one_trial(dissem, members, version, trial, args.trial_timeout, LoraAdapter, DissemConfig)
                     out.write(json.dumps(row) + "\n")

@@ -337,8 +337,12 @@ class PipelineConfig:
 
     #: Prompt tokens budgeted in each stage's KV cache, on top of ``train.max_tokens``.
     prompt_tokens: int = 256
-    #: Groups a pipeline head keeps in flight at once (each holds a KV cache on every stage).
+    #: Groups a pipeline head keeps in flight at once (each holds a KV cache on every stage):
+    #: the depth the layer allocation budgets memory for.
     in_flight: int = 2
+    #: Most groups a head may keep in flight when its links' measured round trips call for more
+    #: (``swarm/pipeline/depth.py``) and its stages' spare memory holds their KV caches.
+    max_in_flight: int = 16
     #: A stage node silent for this long (and holding no lease) leaves the plan (s).
     stale_s: float = 300.0
     #: Fraction of a node's memory cap usable for weights and KV cache.

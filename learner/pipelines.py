@@ -39,6 +39,7 @@ from swarm.pipeline.allocate import (ModelSpec, NodeSpec, Plan, PlanConfig, RunS
 from swarm.chunks.streams import close_stream
 from swarm.errors import SwarmError
 from swarm.discovery.links import Links
+from swarm.pipeline.depth import in_flight_cap
 from swarm.pipeline.layers import slice_for_range
 from swarm.pipeline.proto import PIPELINE
 from swarm.proto.adapter import AdapterReply
@@ -62,6 +63,9 @@ class PipelineSettings:
     #: Groups a head keeps in flight at once (its largest lease; each holds a KV cache per
     #: stage, so the stages interleave them step by step instead of waiting on each other).
     in_flight: int = 2
+    #: Most groups a head may keep in flight when its links' round trips call for more than
+    #: ``in_flight`` and every stage's spare memory holds their KV caches (``swarm.pipeline.depth``).
+    max_in_flight: int = 16
     #: A stage node that has not polled for this long (and holds no lease, live or expired
     #: within this time: a slow head may still push) leaves the plan (s).
     stale_s: float = 300.0
@@ -73,7 +77,8 @@ def pipeline_settings(cfg: Any) -> PipelineSettings:
     """The planner's settings from the learner config's ``[pipeline]`` section."""
     plan = PlanConfig(usable_fraction=cfg.usable_fraction, hop_s=cfg.hop_s, min_gain=cfg.min_gain,
                       cooldown_s=cfg.cooldown_s)
-    return PipelineSettings(prompt_tokens=cfg.prompt_tokens, in_flight=cfg.in_flight, stale_s=cfg.stale_s, plan=plan)
+    return PipelineSettings(prompt_tokens=cfg.prompt_tokens, in_flight=cfg.in_flight, stale_s=cfg.stale_s, plan=plan,
+                            max_in_flight=max(cfg.in_flight, cfg.max_in_flight))
 
 
 @dataclass
@@ -283,8 +288,22 @@ class PipelineManager:
                   if p == pid and self._holds(peer, pid, st, version)]
         return StageAssignment(pipeline_id=pid, start=mine.start, end=mine.end, n_layers=n_layers,
                                route=[self._hop(s.node_id, s) for s in stages], spares=spares, version=version,
-                               in_flight=self.settings.in_flight, head=stages[0].node_id == peer_id,
+                               in_flight=self.lease_cap(peer_id), head=stages[0].node_id == peer_id,
                                dial=self.dials_of(peer_id, stages))
+
+    def lease_cap(self, peer_id: str) -> int:
+        """Most groups ``peer_id``'s pipeline may keep in flight (its head asks for what its links'
+        round trips need, up to this): its stages' spare memory, at least ``in_flight``."""
+        where = self.pipeline_of(peer_id)
+        s = self.settings
+        if where is None or self.model is None:
+            return s.in_flight
+        m, run, cfg = self.model, self.run, s.plan
+        mems = [self.members[st.node_id].spec.memory_bytes * cfg.usable_fraction - cfg.reserve_bytes
+                if st.node_id in self.members else 0.0 for st in where[1]]
+        return in_flight_cap([(st.start, st.end) for st in where[1]], m.n_layers, mems, m.layer_bytes,
+                             m.kv_bytes_per_token * run.group_size * run.max_tokens, (m.embed_bytes, m.head_bytes),
+                             s.in_flight, s.max_in_flight)
 
     def dials_of(self, peer_id: str, stages: Sequence[Stage]) -> list[str]:
         """The peers ``peer_id`` must dial for its pipeline (connection reversal): the head when the

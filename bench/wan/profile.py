@@ -116,6 +116,33 @@ class Profile:
         return [self.learner] + nodes
 
 
+#: Keys of an inline profile (``"rtt=100,loss=0.01"``): path figures between any two hosts.
+INLINE_KEYS = {"rtt": "rtt_ms", "loss": "loss", "jitter": "jitter_ms", "up": "up_mbit", "down": "down_mbit"}
+
+
+def uniform_links(n_hosts: int, rtt_ms: float = 0.0, loss: float = 0.0, jitter_ms: float = 0.0,
+                  up_mbit: float = 0.0, down_mbit: float = 0.0) -> list[Link]:
+    """Every host the same link, so that any two hosts are ``rtt_ms`` apart and a packet between
+    them is lost with probability ``loss`` (it crosses two links: each drops
+    ``1 - sqrt(1 - loss)``; each adds half the jitter)."""
+    per_link = 1.0 - (1.0 - loss) ** 0.5
+    return [Link(up_mbit, down_mbit, rtt_ms / 2, jitter_ms / 2, per_link)] * n_hosts
+
+
+def parse_inline(text: str) -> dict[str, float]:
+    """``"rtt=100,loss=0.01"`` -> ``{"rtt_ms": 100.0, "loss": 0.01}`` (keys: :data:`INLINE_KEYS`)."""
+    out = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in INLINE_KEYS:
+            raise ValueError(f"inline WAN profile {text!r}: want KEY=VALUE pairs with keys {', '.join(INLINE_KEYS)}")
+        try:
+            out[INLINE_KEYS[key.strip()]] = float(value)
+        except ValueError:
+            raise ValueError(f"inline WAN profile {text!r}: {key}={value!r} is not a number") from None
+    return out
+
+
 def profile_names() -> list[str]:
     return sorted(p.stem for p in HERE.glob("*.toml"))
 

@@ -54,3 +54,23 @@ def pipeline_rate(busy_s: Sequence[float], rtt_s: Sequence[float], in_flight: in
     if cycle <= 0 or slowest <= 0:
         return math.inf
     return min(in_flight / cycle, 1.0 / slowest)
+
+
+def in_flight_cap(stages: Sequence[tuple[int, int]], n_layers: int, memory_bytes: Sequence[float],
+                  layer_bytes: int, kv_bytes_per_group_layer: int, end_bytes: tuple[int, int],
+                  planned: int, most: int) -> int:
+    """Most groups a pipeline may keep in flight: what the stage with the least spare memory
+    holds in KV caches beyond its weights (``memory_bytes[i]``: what stage ``i`` may use), never
+    below the ``planned`` depth the allocator already budgeted for, never above ``most``.
+
+    ``stages``: each stage's ``(start, end)`` layers; ``end_bytes``: the embedding's and the
+    head's bytes (on the first and the last stage); ``kv_bytes_per_group_layer``: one group's KV
+    cache for one layer at the longest sequence."""
+    if kv_bytes_per_group_layer <= 0 or not stages:
+        return max(planned, 1)
+    fits = []
+    for i, ((start, end), mem) in enumerate(zip(stages, memory_bytes)):
+        weights = (end - start) * layer_bytes + (end_bytes[0] if start == 0 else 0) + \
+            (end_bytes[1] if end == n_layers else 0)
+        fits.append(int(max(0.0, mem - weights) // (kv_bytes_per_group_layer * max(1, end - start))))
+    return max(1, planned, min(most, min(fits)))

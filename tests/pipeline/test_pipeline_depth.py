@@ -45,3 +45,15 @@ def test_the_chosen_depth_reaches_the_compute_bound_rate(hops):
     exact = groups_in_flight(busy, wait, cap=10_000, headroom=1.0)
     if exact > 1:  # without headroom, one group fewer leaves the slowest stage waiting
         assert pipeline_rate(busy, rtt, exact - 1) < 1 / max(busy) * (1 - 1e-9)
+
+
+def test_in_flight_cap_is_the_tightest_stages_spare_memory():
+    from swarm.pipeline.depth import in_flight_cap
+
+    # 10 layers of 100 bytes; embedding 50, head 70; one group's KV is 10 bytes per layer
+    stages = [(0, 4), (4, 10)]
+    # stage 0: 1000 - 400 - 50 = 550 spare -> 550 // 40 = 13; stage 1: 1000 - 600 - 70 = 330 -> 330 // 60 = 5
+    assert in_flight_cap(stages, 10, [1000, 1000], 100, 10, (50, 70), planned=2, most=16) == 5
+    assert in_flight_cap(stages, 10, [1000, 1000], 100, 10, (50, 70), planned=2, most=4) == 4
+    assert in_flight_cap(stages, 10, [1000, 700], 100, 10, (50, 70), planned=2, most=16) == 2  # never below the plan
+    assert in_flight_cap(stages, 10, [1000, 1000], 100, 0, (50, 70), planned=3, most=16) == 3
