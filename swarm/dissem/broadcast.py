@@ -60,6 +60,7 @@ from swarm.framing import read_frame, write_frame
 from swarm.proto import DISSEM_PUSH
 from swarm.proto.chunks import ChunkFrame, PeerRef
 from swarm.proto.dissem import Instructions, PushHeader, Subtree
+from swarm.rtt import scaled
 from swarm.wire import WireError
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class BroadcastSettings:
-    #: A push stream with no frame for this long (s) is stalled; its stripe is repaired.
-    #: With no chunk at all for this long, every missing chunk is repaired.
+    #: A push stream with no frame for this long (s) is stalled; its stripe is repaired
+    #: (longer from a parent whose measured round trip calls for it: ``STALL_ROUND_TRIPS`` of
+    #: them, ``swarm.rtt.scaled``). With no chunk at all for this long, every missing chunk is
+    #: repaired.
     stall_timeout_s: float = 5.0
     #: Give up on a version after this long (s) without any new chunk.
     give_up_s: float = 60.0
@@ -98,6 +101,9 @@ class BroadcastSettings:
 
 
 OnComplete = Callable[[Assembly], Awaitable[None]]
+#: A parent's push stream counts as stalled after this many of its round trips without a frame
+#: (when that is longer than ``stall_timeout_s``): a lost segment costs TCP one or two.
+STALL_ROUND_TRIPS = 4
 #: Versions whose relay instructions a peer keeps.
 KEEP_INSTRUCTIONS = 8
 
@@ -298,10 +304,12 @@ class Disseminator:
         s = self.settings
         cap = self.host.config.max_frame_bytes
         reason = ""
+        stall_s = s.stall_timeout_s
         try:
             while True:
                 try:
-                    raw = await read_frame(stream, max_size=cap, timeout=s.stall_timeout_s, budget=budget_for(ChunkFrame))
+                    stall_s = scaled(s.stall_timeout_s, self.host.rtt(parent), STALL_ROUND_TRIPS)
+                    raw = await read_frame(stream, max_size=cap, timeout=stall_s, budget=budget_for(ChunkFrame))
                 except EndOfStream:
                     break
                 frame = ChunkFrame.from_wire(raw)
@@ -310,7 +318,7 @@ class Disseminator:
                     reason = f"bad chunk {frame.index}"
                     break
         except SwarmTimeout:
-            reason = f"stalled for {s.stall_timeout_s} s"
+            reason = f"stalled for {stall_s:.1f} s"
         except (FrameError, SwarmError, WireError) as e:
             reason = f"{type(e).__name__}: {e}"
         await close_stream(stream, reset=bool(reason))
