@@ -49,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "latency between them, against zero latency (bench/pipeline_wan.py; needs root)")
     p.add_argument("--max-in-flight", type=int, default=32,
                    help="with --hop-ms: most groups the chosen depth may keep in flight")
+    p.add_argument("--repeats", type=int, default=2, help="with --hop-ms: interleaved rounds over the delays")
 
 
 def _start_stages(hf_dir: Path, ranges: list[tuple[int, int]], root: Path, args, popen=None,

@@ -14,8 +14,11 @@ and the stages' compute: ``HeadStats.wait_s`` / ``busy_s``), then runs:
   that measurement (at most ``--max-in-flight``), which is what a stage node heading a pipeline
   asks the learner for.
 
-Each row gives tokens/s, the mean bubble (1 - busy) over the stages, and the ratio of its
-tokens/s to the same mode at ``d = 0``.
+The delays run in ``--repeats`` interleaved rounds (0, 20, 40, 80, 0, 20, ...), so that a change
+in the machine's load falls on every delay alike; each row gives the median over the rounds of
+tokens/s and of the mean bubble (1 - busy, from the stages' own compute time; with several groups
+at one stage at once their compute overlaps, so it reads low), and the ratio of its tokens/s to the
+same mode at ``d = 0``.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ def run_wan(args, hf_dir: Path, ranges: list[tuple[int, int]], n_layers: int, pr
     from bench.wan.profile import Link
 
     delays = [float(x) for x in args.hop_ms.split(",")]
-    if delays[0] != 0:
-        delays = [0.0] + delays  # the zero-latency reference, always first
+    if 0.0 not in delays:
+        delays = [0.0] + delays  # the zero-latency reference
     k = len(ranges)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="pipeline-wan-") as tmp, Testbed(k, wan=True) as tb:
@@ -43,7 +46,7 @@ def run_wan(args, hf_dir: Path, ranges: list[tuple[int, int]], n_layers: int, pr
         procs = _start_stages(hf_dir, ranges, root, args, popen=lambda i, cmd, **kw: tb.popen(i, cmd, **kw),
                               listens=[f"/ip4/{tb.ip(i)}/tcp/4300" for i in range(k)])
         try:
-            for d in delays:
+            for rnd, d in [(r, d) for r in range(args.repeats) for d in delays]:
                 for i in range(k):
                     tb.set_link(i, Link(rtt_ms=d))
                 spec = {"infos": [info for _, info in procs], "ranges": ranges, "n_layers": n_layers,
@@ -58,7 +61,8 @@ def run_wan(args, hf_dir: Path, ranges: list[tuple[int, int]], n_layers: int, pr
                     raise RuntimeError(f"the head at {d:g} ms failed:\n{res.stderr[-3000:]}")
                 got = json.loads(res.stdout.strip().splitlines()[-1])
                 for r in got["results"]:
-                    r["hop_ms"] = d
+                    r["hop_ms"], r["round"] = d, rnd
+                    r["measured"] = got["measured"]
                     rows.append(r)
                     print(f"  {d:g} ms one way per hop, {r['mode']}: {r['tokens_per_s']:.1f} tok/s, "
                           f"bubble {_bubble(r):.2f}", flush=True)
@@ -79,17 +83,37 @@ def _bubble(r: dict) -> float:
     return sum(b) / len(b) if b else 0.0
 
 
-def print_wan(rows: list[dict]) -> None:
-    """The table: each row's tokens/s against the same mode at 0 ms, and against the best mode at 0 ms."""
-    ref = {r["mode"].split(":")[0]: r["tokens_per_s"] for r in rows if r["hop_ms"] == 0}
-    best = max(ref.values(), default=0.0)
-    print(f"\n| one way per hop | mode | tok/s | bubble | vs same mode at 0 ms | vs best at 0 ms |")
-    print("|---|---|---|---|---|---|")
+def medians(rows: list[dict]) -> list[dict]:
+    """Per (delay, mode kind): the median tokens/s and bubble over the rounds, and the depths
+    the auto mode chose (pure)."""
+    import statistics
+
+    out: dict[tuple[float, str], dict] = {}
     for r in rows:
-        base = ref.get(r["mode"].split(":")[0])
-        ratio = f"{r['tokens_per_s'] / base:.2f}" if base else "-"
-        vs_best = f"{r['tokens_per_s'] / best:.2f}" if best else "-"
-        print(f"| {r['hop_ms']:g} ms | {r['mode']} | {r['tokens_per_s']:.1f} | {_bubble(r):.2f} | {ratio} | {vs_best} |")
+        key = (r["hop_ms"], r["mode"].split(":")[0])
+        e = out.setdefault(key, {"hop_ms": key[0], "mode": key[1], "tps": [], "bubble": [], "depth": []})
+        e["tps"].append(r["tokens_per_s"])
+        e["bubble"].append(_bubble(r))
+        if key[1] == "auto":
+            e["depth"].append(r["measured"]["groups_in_flight"])
+    for e in out.values():
+        e["tokens_per_s"] = statistics.median(e["tps"])
+        e["bubble_median"] = statistics.median(e["bubble"])
+    return sorted(out.values(), key=lambda e: (e["hop_ms"], e["mode"]))
+
+
+def print_wan(rows: list[dict]) -> None:
+    """The table: per delay and mode, the median tokens/s over the rounds against the same mode at 0 ms."""
+    table = medians(rows)
+    ref = {e["mode"]: e["tokens_per_s"] for e in table if e["hop_ms"] == 0}
+    print("\n| one way per hop | mode | groups in flight | tok/s (median) | per round | bubble | vs same mode at 0 ms |")
+    print("|---|---|---|---|---|---|---|")
+    for e in table:
+        base = ref.get(e["mode"])
+        ratio = f"{e['tokens_per_s'] / base:.2f}" if base else "-"
+        depth = ",".join(str(d) for d in e["depth"]) if e["depth"] else e["mode"].split()[0]
+        print(f"| {e['hop_ms']:g} ms | {e['mode']} | {depth} | {e['tokens_per_s']:.1f} | "
+              f"{' '.join(f'{x:.1f}' for x in e['tps'])} | {e['bubble_median']:.2f} | {ratio} |")
 
 
 def head_main(spec_path: str) -> int:
