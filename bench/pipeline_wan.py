@@ -33,7 +33,7 @@ from pathlib import Path
 def run_wan(args, hf_dir: Path, ranges: list[tuple[int, int]], n_layers: int, prompt: list[int], eog,
             params) -> list[dict]:
     from bench.netns import Testbed
-    from bench.pipeline import _start_stages
+    from bench.pipeline_run import start_stages
     from bench.wan.profile import Link
 
     delays = [float(x) for x in args.hop_ms.split(",")]
@@ -43,7 +43,7 @@ def run_wan(args, hf_dir: Path, ranges: list[tuple[int, int]], n_layers: int, pr
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="pipeline-wan-") as tmp, Testbed(k, wan=True) as tb:
         root = Path(tmp)
-        procs = _start_stages(hf_dir, ranges, root, args, popen=lambda i, cmd, **kw: tb.popen(i, cmd, **kw),
+        procs = start_stages(hf_dir, ranges, root, args, popen=lambda i, cmd, **kw: tb.popen(i, cmd, **kw),
                               listens=[f"/ip4/{tb.ip(i)}/tcp/4300" for i in range(k)])
         try:
             for rnd, d in [(r, d) for r in range(args.repeats) for d in delays]:
@@ -120,7 +120,7 @@ def head_main(spec_path: str) -> int:
     """The head process: measure one group, then the fixed and the chosen depth; print JSON."""
     import trio
 
-    from bench.pipeline import _pipeline_modes
+    from bench.pipeline_run import pipeline_modes
     from node_agents.backends.base import SamplingParams
 
     spec = json.loads(Path(spec_path).read_text())
@@ -132,7 +132,7 @@ def head_main(spec_path: str) -> int:
 
     params = SamplingParams(temperature=spec["temperature"], top_p=spec["top_p"], max_tokens=spec["max_tokens"],
                             seed=spec["seed"])
-    results, measured = trio.run(_pipeline_modes, Args, spec["infos"], [tuple(r) for r in spec["ranges"]],
+    results, measured = trio.run(pipeline_modes, Args, spec["infos"], [tuple(r) for r in spec["ranges"]],
                                  spec["n_layers"], spec["prompt"], frozenset(spec["eog"]), params,
                                  Path(spec["data_dir"]), True)
     print(json.dumps({"results": results, "measured": measured}))
