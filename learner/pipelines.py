@@ -158,8 +158,13 @@ def assign_replicas(plan: Plan, caps: Mapping[str, int], e_first: int, e_last: i
 class PipelineManager:
     def __init__(self, group_size: int, max_tokens: int, settings: PipelineSettings,
                  on_plan: Callable[[], None] | None = None,
-                 links: Callable[[list[str]], Links | None] | None = None):
+                 links: Callable[[list[str]], Links | None] | None = None,
+                 rtt: Callable[[str], float | None] | None = None):
         self.settings = settings
+        #: The learner's measured round trip to a node (``SwarmHost.rtt``; None: unknown). The
+        #: allocator's ``rtt(a, b)`` is estimated as the sum of the two (a path through the
+        #: learner's neighbourhood), so a pipeline is headed by its member nearest the others.
+        self.rtt = rtt
         #: The learner's current links given the members (``swarm.discovery.links``; a member whose
         #: reachability is not measured yet counts as dialable; None: every pair can link): a
         #: pipeline's head must link with each of its stages, and a stage the head cannot dial is
@@ -230,10 +235,14 @@ class PipelineManager:
         cfg = self.settings.plan
         links = self.links(list(self.members)) if self.links is not None else None
         can_link = links.can_link if links is not None else None
+        rtt = None
+        if self.rtt is not None:
+            to_learner = {p: self.rtt(p) or 0.0 for p in self.members}
+            rtt = lambda a, b: to_learner.get(a, 0.0) + to_learner.get(b, 0.0)  # noqa: E731
         if self.plan is None:
-            self.plan = form_pipelines(nodes, self.model, self.run, cfg, now, can_link)
+            self.plan = form_pipelines(nodes, self.model, self.run, cfg, now, can_link, rtt)
         else:
-            self.plan = replan(self.plan, nodes, self.model, self.run, cfg, now, can_link)
+            self.plan = replan(self.plan, nodes, self.model, self.run, cfg, now, can_link, rtt)
         for p in self.plan.pipelines:
             if p.stages not in self._ids:
                 self._ids[p.stages] = f"p{self._next}"

@@ -149,7 +149,8 @@ class LearnerService:
         self.changes = Changes()
         s = settings
         self.pipelines = PipelineManager(s.group_size, s.sampling.max_tokens, s.pipeline, on_plan=self._plan_changed,
-                                         links=dissem.link_snapshot if dissem is not None else None)
+                                         links=dissem.link_snapshot if dissem is not None else None,
+                                         rtt=dissem.host.rtt if dissem is not None else None)
         self.desk = WorkDesk(coordinator, self.pipelines, LeaseGate(s.gate), self.changes, sampling=s.sampling,
                              group_size=s.group_size, long_poll_s=s.long_poll_s, admission=admission, episode=episode)
         #: Validator nodes for numerics the learner cannot replay (``learner/validator_desk.py``).
