@@ -13,7 +13,11 @@ One testbed with ``--pairs`` pairs of public hosts (plus one for the round trips
 4. round trips (64-byte TCP echoes) at 0 to 300 ms configured, idle and while the flows of (3)
    run on the other hosts: median and 99th percentile error against the configured value;
 5. loss: the share the emulator dropped against the configured share, over the frames of (3)
-   rerun with ``--loss``.
+   rerun with ``--loss``;
+6. the swarm's transport over long paths: one libp2p connection (TCP + Noise + yamux) between two
+   hosts at ``--stream-mbit``, at each round trip of ``--stream-paths`` (``RTT`` or
+   ``RTT:LOSS``, loss per path), its first stream and the later ones (``bench.wan.stream_probe``),
+   against a fresh plain TCP connection.
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", type=float, default=0.01, help="loss each way in (5)")
     p.add_argument("--rtts", default="0,20,100,300", help="configured round trips of (4), ms")
     p.add_argument("--echoes", type=int, default=50, help="echoes per round-trip figure")
+    p.add_argument("--stream-mbit", type=float, default=50.0, help="link rate of (6)")
+    p.add_argument("--stream-paths", default="0,100,200,20:0.01,100:0.01,200:0.01",
+                   help="(6): round trips (ms), with :LOSS for a lossy path")
+    p.add_argument("--stream-bytes", type=int, default=10_000_000, help="(6): bytes per stream")
+    p.add_argument("--parts", default="emulator,streams", help="emulator (1-5), streams (6), or both")
     p.add_argument("--json", default=None, help="also write the results here")
 
 
@@ -175,6 +184,42 @@ def measure(args) -> dict:
     return res
 
 
+def streams(args) -> list[dict]:
+    """(6): libp2p streams and plain TCP between two hosts over long, lossy paths."""
+    import tempfile
+
+    from bench.netns import Testbed
+    from bench.wan.profile import uniform_links
+
+    out = []
+    sp = [sys.executable, "-m", "bench.wan.stream_probe"]
+    with tempfile.TemporaryDirectory(prefix="wan-streams-") as tmp, Testbed(2, wan=True) as tb:
+        srv = tb.popen(1, sp + ["serve", f"{tmp}/s", f"/ip4/{tb.ip(1)}/tcp/4500"], stdout=subprocess.PIPE, text=True)
+        tcp = _servers(tb, [1])
+        try:
+            addr = srv.stdout.readline().strip() if srv.stdout else ""
+            for path in args.stream_paths.split(","):
+                rtt, _, loss = path.partition(":")
+                for i, link in enumerate(uniform_links(2, float(rtt), float(loss or 0), 0.0, args.stream_mbit,
+                                                       args.stream_mbit)):
+                    tb.set_link(i, link)
+                res = tb.run(0, sp + ["send", f"{tmp}/c", addr, str(args.stream_bytes), "3"], timeout=600)
+                if res.returncode != 0:
+                    raise RuntimeError(f"stream probe failed: {res.stderr[-500:]}")
+                lp = json.loads(res.stdout.strip().splitlines()[-1])
+                plain = _bulk(tb, [(0, 1)], args.stream_bytes)[0]
+                row = {"rtt_ms": float(rtt), "loss": float(loss or 0), "rate_mbit": args.stream_mbit,
+                       "libp2p_first_mbit": lp["mbit"][0], "libp2p_later_mbit": lp["mbit"][1:],
+                       "tcp_fresh_mbit": plain["mbit"]}
+                out.append(row)
+                print(f"(6) {path}: {row}", flush=True)
+        finally:
+            srv.kill()
+            for p in tcp:
+                p.kill()
+    return out
+
+
 def run(args) -> None:
     from bench.netns import missing
 
@@ -182,7 +227,10 @@ def run(args) -> None:
     if why:
         raise SystemExit(f"emulated hosts unavailable: {why}")
     print(f"wan-link: load before {os.getloadavg()[0]:.2f}", flush=True)
-    res = measure(args)
+    parts = args.parts.split(",")
+    res = measure(args) if "emulator" in parts else {}
+    if "streams" in parts:
+        res["streams"] = streams(args)
     res["load_after"] = round(os.getloadavg()[0], 2)
     print(json.dumps(res, indent=1))
     if args.json:
