@@ -144,6 +144,10 @@ class Disseminator:
         for key in [k for k in self.instructions if k[0] not in kept]:
             del self.instructions[key]
 
+    def _stall_s(self, peer: str) -> float:
+        """``stall_timeout_s``, or ``STALL_ROUND_TRIPS`` of ``peer``'s measured round trips when longer."""
+        return scaled(self.settings.stall_timeout_s, self.host.rtt(peer), STALL_ROUND_TRIPS)
+
     def _counted(self, stream, peer: str) -> "_Counting":
         return _Counting(stream, self.sent_bytes, peer)
 
@@ -185,17 +189,16 @@ class Disseminator:
         """Tell ``ref`` about ``asm`` with a header-only push: it learns the signed manifest and
         the holders, sees the stream end with every chunk missing, and repairs from peers.
         For a node whose relay died before passing anything on (it never heard of the version)."""
-        s = self.settings
         try:
             await self._dial(ref)
-            stream = await self.host.open_stream(ref.peer_id, DISSEM_PUSH, timeout=s.stall_timeout_s)
+            stream = await self.host.open_stream(ref.peer_id, DISSEM_PUSH, timeout=self._stall_s(ref.peer_id))
         except SwarmError as e:
             log.warning("v%d: cannot announce to %s (%s)", asm.version, ref.peer_id[-8:], e)
             return
         ok = False
         try:
             header = PushHeader(asm.manifest, 0, 1, [], holders, instructions)
-            await write_frame(self._counted(stream, ref.peer_id), header.to_wire(), timeout=s.stall_timeout_s,
+            await write_frame(self._counted(stream, ref.peer_id), header.to_wire(), timeout=self._stall_s(ref.peer_id),
                               max_size=self.host.config.max_frame_bytes)
             ok = True
         except (SwarmError, WireError) as e:
@@ -209,7 +212,7 @@ class Disseminator:
         s = self.settings
         try:
             await self._dial(sub.peer)
-            stream = await self.host.open_stream(child, DISSEM_PUSH, timeout=s.stall_timeout_s)
+            stream = await self.host.open_stream(child, DISSEM_PUSH, timeout=self._stall_s(child))
         except SwarmError as e:
             log.warning("v%d stripe %d: cannot reach %s (%s); feeding its %d children directly",
                         asm.version, stripe, child[-8:], e, len(sub.children))
@@ -226,7 +229,7 @@ class Disseminator:
         try:
             header = PushHeader(asm.manifest, stripe, stripes, sub.children, holders,
                                 self.instructions.get(asm.key))
-            await write_frame(out, header.to_wire(), timeout=s.stall_timeout_s, max_size=cap)
+            await write_frame(out, header.to_wire(), timeout=self._stall_s(child), max_size=cap)
             pos = sent = 0
             while sent < need:
                 while pos < len(asm.order):
@@ -237,7 +240,7 @@ class Disseminator:
                             await trio.sleep(s.send_delay_s)
                         frame = ChunkFrame(i, asm.chunks[i])  # type: ignore[arg-type]
                         # Chunks are zstd output already: never try to compress them again.
-                        await write_frame(out, frame.to_wire(), timeout=s.stall_timeout_s,
+                        await write_frame(out, frame.to_wire(), timeout=self._stall_s(child),
                                           compress_threshold=cap, max_size=cap)
                         sent += 1
                 if sent < need:
@@ -259,7 +262,7 @@ class Disseminator:
         s = self.settings
         cap = self.host.config.max_frame_bytes
         try:
-            header = PushHeader.from_wire(await read_frame(stream, max_size=cap, timeout=s.stall_timeout_s,
+            header = PushHeader.from_wire(await read_frame(stream, max_size=cap, timeout=self._stall_s(parent),
                                                             budget=budget_for(PushHeader)))
             asm = self.store.accept(header.manifest)
             if header.stripe >= header.stripes:
@@ -308,7 +311,7 @@ class Disseminator:
         try:
             while True:
                 try:
-                    stall_s = scaled(s.stall_timeout_s, self.host.rtt(parent), STALL_ROUND_TRIPS)
+                    stall_s = self._stall_s(parent)
                     raw = await read_frame(stream, max_size=cap, timeout=stall_s, budget=budget_for(ChunkFrame))
                 except EndOfStream:
                     break
