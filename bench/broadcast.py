@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.wan.args import add_wan_arguments
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", default="2,4,8,16", help="comma-separated node counts")
@@ -49,9 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--leaves-repeats", type=int, default=None,
                    help="with --nat: repeats of the NAT'd-as-leaves trials (default --repeats; each can take "
                         "minutes, since that behaviour may never deliver to every node)")
+    add_wan_arguments(p, several=True)
 
 
 def run(args) -> None:
+    if args.wan and not args.nat:
+        raise SystemExit("--wan compares the NAT set under the profile with zero latency: give --nat too")
     if args.nat:
         from bench.broadcast_nat import nat_runs, print_nat
 

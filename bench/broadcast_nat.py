@@ -13,6 +13,13 @@ reversal and punched pairs); then, per repeat, the NAT set without links (NAT'd 
 learner-fed leaves). Those run last: in them the learner drops nodes it can no longer open
 streams to, and nothing re-admits a dropped node, so a trial after them would lose those nodes. The table prints each configuration's best and median delivery time and its ratio to
 the all-public tree, and how many NAT'd nodes relayed chunks.
+
+With ``--wan PROFILE`` (given once or several times) the bench compares the NAT set (with links)
+under each profile's links (every host its own round trip, jitter, loss and up/down rates;
+``bench/wan/``) against the same hosts, connections and tree at zero latency (the first profile's
+rates), interleaved per repeat: before each trial the learner asks for its link condition (a file
+handshake) and this process sets every link through the emulator. The all-public set and the
+"as leaves" trials are left out.
 """
 
 from __future__ import annotations
@@ -27,6 +34,12 @@ import time
 from pathlib import Path
 
 CONFIGS = (("public", True, "all public"), ("nat", True, "NAT'd, links"), ("nat", False, "NAT'd as leaves"))
+ZERO = "zero latency"
+
+
+def wan_configs(args) -> list[tuple[str, bool, str, str]]:
+    """With ``--wan``: (set, links, name, link condition) of each compared condition."""
+    return [("nat", True, ZERO, ZERO)] + [("nat", True, p, p) for p in args.wan]
 
 
 def leaves_repeats(args) -> int:
@@ -39,6 +52,9 @@ def nat_trials(args, n: int) -> list[dict]:
             "fan_out": args.fan_out, "stripes": args.stripes, "chunk_bytes": args.chunk_kib * 1024}
     # the trials "as leaves" last: the learner's pushes to many leaves at once time out and it drops
     # nodes it can no longer reach, which nothing re-admits, so a trial after one would lose them
+    if args.wan:
+        return [{**base, "set": s, "links": links, "wan": cond, "rep": rep}
+                for rep in range(args.repeats) for s, links, _, cond in wan_configs(args)]
     first = [c for c in CONFIGS if c[1]]
     last = [c for c in CONFIGS if not c[1]]
     return [{**base, "set": s, "links": links, "rep": rep}
@@ -59,29 +75,52 @@ def wait_line(path: Path, prefix: str, proc: subprocess.Popen, timeout: float) -
     raise RuntimeError(f"no {prefix!r} line in {path} within {timeout} s")
 
 
+def serve_conditions(tb, conditions: dict[str, dict], tmp: Path, learner: subprocess.Popen) -> None:
+    """Answer the learner's link-condition requests (``cond`` file: ``<seq> <condition>``) by
+    setting every link, then writing ``cond.ack`` with the same line; until the learner exits."""
+    done = ""
+    while learner.poll() is None:
+        want = (tmp / "cond").read_text().strip() if (tmp / "cond").exists() else ""
+        if want and want != done:
+            for i, link in conditions[want.split(" ", 1)[1]].items():
+                tb.set_link(i, link)
+            (tmp / "cond.ack").write_text(want)
+            done = want
+        time.sleep(0.1)
+
+
 def nat_runs(args) -> list[dict]:
     from bench.netns import RouterSpec, Testbed
+    from bench.wan.args import describe, links_of
 
     n = max(int(x) for x in args.nodes.split(","))
     nat = args.nat
     if not 0 < nat <= n:
         raise SystemExit(f"--nat must be between 1 and the node count ({n}), got {nat}")
     routers = tuple(RouterSpec("eim", hosts=len(range(j, nat, args.nat_routers))) for j in range(args.nat_routers))
-    n_public = 1 + n + (n - nat)
+    n_all = 0 if args.wan else n  # the all-public set, left out under --wan
+    n_public = 1 + n_all + (n - nat)
+    conditions = {p: links_of(p, n_public + nat, args.wan_seed, args.rate_mbit) for p in args.wan}
+    links = conditions[args.wan[0]] if args.wan else {}
+    if links:
+        conditions[ZERO] = {i: link.without_latency() for i, link in links.items()}
     plan = nat_trials(args, n)
     tmp = Path(tempfile.mkdtemp(prefix="es-bcast-nat-"))
     (tmp / "trials.json").write_text(json.dumps(plan))
     py = [sys.executable, "-m", "bench.relay_node"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     procs: list[subprocess.Popen] = []
-    print(f"broadcast --nat: {n} public nodes, and {n - nat} public + {nat} behind {len(routers)} EIM routers; "
+    print(f"broadcast --nat: {n_all} public nodes, and {n - nat} public + {nat} behind {len(routers)} EIM routers; "
           f"{args.rate_mbit} Mbit/s up and down each; {len(plan)} trials; logs in {tmp}", flush=True)
-    with Testbed(n_public, args.rate_mbit, args.queue_ms, routers=routers) as tb:
+    for p in args.wan:
+        print(f"WAN profile {p}: {describe(conditions[p])}", flush=True)
+    with Testbed(n_public, args.rate_mbit, args.queue_ms, routers=routers, wan=bool(links), links=links) as tb:
         try:
-            learner = tb.popen(0, py + ["learner", "--nodes", str(2 * n), "--trials", str(tmp / "trials.json"),
+            learner = tb.popen(0, py + ["learner", "--nodes", str(len(tb) - 1), "--trials", str(tmp / "trials.json"),
                                         "--out", str(tmp / "rows.jsonl"), "--data-dir", str(tmp / "learner"),
                                         "--listen", f"/ip4/{tb.ip(0)}/tcp/4001", "--addr-file", str(tmp / "addr"),
-                                        "--sets", str(tmp / "sets.json"), "-v"],
+                                        "--sets", str(tmp / "sets.json"), "-v"]
+                               + (["--conditions", str(tmp / "cond")] if links else []),
                                env=env, stdout=open(tmp / "learner.log", "w"), stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL)
             procs.append(learner)
@@ -94,12 +133,15 @@ def nat_runs(args) -> list[dict]:
             hosts = list(range(1, len(tb)))
             for i in hosts:
                 cmd = py + ["node", "--learner", addr, "--run-id", "bench", "--data-dir", str(tmp / f"n{i}"),
-                            "--listen", f"/ip4/{tb.ip(i)}/tcp/{4100 + i}", "--upload-mbps", str(args.rate_mbit), "-v"]
+                            "--listen", f"/ip4/{tb.ip(i)}/tcp/{4100 + i}", "--upload-mbps",
+                            str(tb.link(i).up_mbit or args.rate_mbit), "-v"]
                 procs.append(tb.popen(i, cmd, env=env, stdin=subprocess.PIPE, stdout=open(tmp / f"n{i}.log", "w"),
                                       stderr=subprocess.STDOUT))
             ids = {i: wait_line(tmp / f"n{i}.log", "peer ", p, 180) for i, p in zip(hosts, procs[1:])}
-            sets = {"public": [ids[i] for i in range(1, n + 1)], "nat": [ids[i] for i in range(n + 1, len(tb))]}
+            sets = {"public": [ids[i] for i in range(1, n_all + 1)], "nat": [ids[i] for i in range(n_all + 1, len(tb))]}
             (tmp / "sets.json").write_text(json.dumps(sets))
+            if links:
+                serve_conditions(tb, conditions, tmp, learner)
             learner.wait()
         finally:
             from learner.demo import stop_processes
@@ -118,21 +160,26 @@ def nat_runs(args) -> list[dict]:
 
 def print_nat(rows: list[dict], args) -> None:
     w = args.rate_mbit * 125_000
-    print(f"\n{args.rate_mbit:g} Mbit/s per host, codec {args.codec}, fan-out {args.fan_out}, chunk {args.chunk_kib} KiB, "
+    rates = f"links of {', '.join(args.wan)} (M/W at {args.rate_mbit:g} Mbit/s)" if args.wan else \
+        f"{args.rate_mbit:g} Mbit/s per host"
+    print(f"\n{rates}, codec {args.codec}, fan-out {args.fan_out}, chunk {args.chunk_kib} KiB, "
           f"{args.repeats} repeat(s), all public and links interleaved, then as leaves "
           f"({leaves_repeats(args)})")
-    print("| nodes | M (wire) | M/W s | best s | median s | median / all-public | NAT'd nodes that relayed | NAT'd leaves | depth | failed trials |")
+    base = "zero latency" if args.wan else "all-public"
+    print(f"| nodes | M (wire) | M/W s | best s | median s | median / {base} | NAT'd nodes that relayed | NAT'd leaves | depth | failed trials |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     ref = None
-    for s, links, name in CONFIGS:
-        got = [r for r in rows if r.get("set") == s and r.get("links") == links]
+    configs = wan_configs(args) if args.wan else \
+        [(s, links, name, None) for s, links, name in CONFIGS]
+    for s, links, name, cond in configs:
+        got = [r for r in rows if r.get("set") == s and r.get("links") == links and r.get("wan") == cond]
         ok = [r for r in got if r["ok"]]
         if not ok:
             print(f"| {name} | - | - | - | - | - | - | - | - | {len(got)} |")
             continue
         times = [r["time_s"] for r in ok]
         med = statistics.median(times)
-        ref = med if s == "public" else ref
+        ref = med if (cond == ZERO if args.wan else s == "public") else ref
         last = ok[-1]
         ratio = f"{med / ref:.2f}" if ref else "-"
         print(f"| {name} | {last['wire_bytes'] / 1e6:.2f} MB | {last['wire_bytes'] / w:.2f} | {min(times):.2f} | "

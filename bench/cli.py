@@ -33,6 +33,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify-cost": ("bench.verify_cost", "rollout verification's cost: per verified group, and the default demo with it on and off"),
     "replay-exactness": ("bench.replay_exactness", "llama.cpp CPU replay from a lease's seed: identical completions per condition (threads, batch layout, KV, ISA)"),
     "pipeline": ("bench.pipeline", "pipeline-sharded generation: k stage processes vs the whole model; busy, bubble, bytes/token"),
+    "wan-link": ("bench.wan.ceiling", "the WAN link emulator's own ceiling: throughput, frames/s, CPU, round-trip and loss accuracy"),
+    "wan-train": ("bench.wan_training", "the default training run on emulated home links against the same hosts at zero latency (and chaos)"),
     "holepunch": ("bench.holepunch", "hole punching across emulated NAT routers: success and time to a direct connection per NAT kind"),
     "decode": ("bench.decode_bench", "frame decoder cost per byte on realistic messages, and what amplification frames cost"),
     "math-verify": ("bench.math_agreement", "the math task's math-verify check against the old integer check: agreement, disagreements"),

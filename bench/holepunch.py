@@ -10,7 +10,8 @@ no retry). An attempt succeeds when a direct connection to the listener exists; 
 from the start of the punch (the circuit already open) to the first direct connection.
 
 Needs root, iproute2 and nftables (or iptables). Links are shaped with ``tc tbf`` at
-``--rate-mbit``; there is no added latency (this kernel has no ``netem``).
+``--rate-mbit``; ``--wan PROFILE`` gives every host a link of that profile instead (the relay the
+learner's; round trips, jitter and loss through the user-space emulator, ``bench/wan/``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.wan.args import add_wan_arguments, describe, wan_links
+
 KINDS = ("public", "eim", "symmetric")
 DEFAULT_CASES = "eim:eim,public:eim,symmetric:eim,symmetric:symmetric"
 
@@ -34,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=8.0, help="seconds one attempt may take")
     p.add_argument("--rate-mbit", type=float, default=10.0, help="every host's link rate, Mbit/s (0: unshaped)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    add_wan_arguments(p)
 
 
 def parse_cases(text: str) -> list[tuple[str, str]]:
@@ -85,7 +89,11 @@ def run(args) -> None:
         case = f"{puncher}:{listener}"
         kinds = [k for k in (listener, puncher) if k != "public"]
         n_public = 1 + sum(k == "public" for k in (listener, puncher))
-        with Testbed(n_public, args.rate_mbit, routers=tuple(RouterSpec(k) for k in kinds)) as tb:
+        links = wan_links(args, n_public + len(kinds), args.rate_mbit)
+        if links:
+            print(f"  {case}: {describe(links)}", flush=True)
+        with Testbed(n_public, args.rate_mbit, routers=tuple(RouterSpec(k) for k in kinds), wan=bool(links),
+                     links=links) as tb:
             nxt_public, nxt_nat = 1, n_public
             where = {}
             for role, kind in (("listener", listener), ("puncher", puncher)):
@@ -138,5 +146,6 @@ def run(args) -> None:
               f"{_fmt(r['median_s'])} | {_fmt(r['p90_s'])} | {_fmt(r['max_s'])} | {_fmt(r['failed_after_s'])} |")
     if args.out:
         args.out.write_text(json.dumps({"rows": rows, "attempts": args.attempts, "timeout_s": args.timeout,
-                                        "rate_mbit": args.rate_mbit, "load_before": load0, "load_after": load1},
+                                        "rate_mbit": args.rate_mbit, "wan": args.wan, "load_before": load0,
+                                        "load_after": load1},
                                        indent=1))

@@ -9,14 +9,18 @@ copies through its upload) and ``swarm`` (holders are named: nodes fetch from th
 and from each other at once). The time is the learner's, from the first manifest request
 to the last node's completion report; the ratio is learner-alone time over swarm time.
 
-Needs root, iproute2 and ``tc``. The kernel here has no ``netem``: links have bandwidth
-but no added latency. Node and learner processes share this machine's CPU.
+Needs root, iproute2 and ``tc``. Node and learner processes share this machine's CPU.
+
+``--wan PROFILE`` (once or several times) runs the trials first at zero latency, then under
+each profile's links (round trips, jitter, loss through the link emulator of ``bench/wan/``),
+on the same hosts: e.g. ``--wan rtt=20 --wan rtt=100 --wan rtt=200,loss=0.01``.
 
 Internal roles (run inside the namespaces): ``python -m bench.model_fetch learner|node ...``.
 """
 
 from __future__ import annotations
 
+from typing import Any
 import argparse
 import json
 import os
@@ -25,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.wan.args import add_wan_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default="learner,swarm", help="trials to run, in order: learner, swarm")
     p.add_argument("--timeout", type=float, default=900.0, help="give up on a trial after this many seconds")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    add_wan_arguments(p, several=True)
 
 
 def run(args) -> None:
@@ -47,16 +54,28 @@ def run(args) -> None:
     load0 = os.getloadavg()
     print(f"model-fetch: {args.nodes} nodes + learner in namespaces, {args.rate_mbit:g} Mbit/s up and down each; "
           f"model {model.name} {size / 1e6:.1f} MB; load average {load0[0]:.1f}; logs in {tmp}", flush=True)
-    rows = []
-    with Testbed(args.nodes + 1, args.rate_mbit, args.queue_ms) as tb:
-        for mode in args.modes.split(","):
-            rows.append(trial(tb, mode, model, args, tmp / mode))
-            r = rows[-1]
-            print(f"  {mode:8s} all {args.nodes} nodes hold it after {r['makespan_s']:.1f} s "
-                  f"(node fetch mean {r['node_mean_s']:.1f} s, max {r['node_max_s']:.1f} s); the learner uploaded "
-                  f"{r['learner_bytes'] / 1e6:.0f} MB = {r['learner_bytes'] / size:.1f} copies", flush=True)
+    rows: list[dict[str, Any]] = []
+    from bench.wan.args import describe, links_of
+
+    profiles = {p: links_of(p, args.nodes + 1, args.wan_seed, args.rate_mbit) for p in args.wan}
+    first = next(iter(profiles.values()), {})
+    # the reference: the same hosts and rates (the first profile's) with no delay, jitter or loss
+    conditions = {"zero latency": {i: link.without_latency() for i, link in first.items()}} | profiles
+    with Testbed(args.nodes + 1, args.rate_mbit, args.queue_ms, wan=bool(args.wan)) as tb:
+        for cond, links in conditions.items():
+            if args.wan:
+                print(f"  {cond}: {describe(links)}", flush=True)
+            for i, link in links.items():
+                tb.set_link(i, link)
+            for mode in args.modes.split(","):
+                rows.append({**trial(tb, mode, model, args, tmp / f"{mode}-{len(rows)}"), "wan": cond})
+                r = rows[-1]
+                print(f"  {cond}, {mode:8s} all {args.nodes} nodes hold it after {r['makespan_s']:.1f} s "
+                      f"(node fetch mean {r['node_mean_s']:.1f} s, max {r['node_max_s']:.1f} s); the learner "
+                      f"uploaded {r['learner_bytes'] / 1e6:.0f} MB = {r['learner_bytes'] / size:.1f} copies",
+                      flush=True)
     floor = size * 8 / (args.rate_mbit * 1e6)
-    by = {r["mode"]: r for r in rows}
+    by = {r["mode"]: r for r in rows if r["wan"] == "zero latency"}
     result = {"nodes": args.nodes, "rate_mbit": args.rate_mbit, "model_bytes": size, "chunk_kib": args.chunk_kib,
               "floor_s": floor, "load_before": load0, "load_after": os.getloadavg(), "trials": rows}
     if "learner" in by and "swarm" in by:
@@ -64,6 +83,13 @@ def run(args) -> None:
         print(f"model-fetch: through peers {result['ratio']:.2f}x faster than from the learner alone "
               f"(one copy through one link: {floor:.1f} s; {args.nodes} copies: {args.nodes * floor:.1f} s); "
               f"load average {result['load_after'][0]:.1f}", flush=True)
+    if args.wan:
+        ref = {r["mode"]: r["makespan_s"] for r in rows if r["wan"] == "zero latency"}
+        print("\n| condition | mode | all nodes hold it, s | vs zero latency | learner uploaded, copies |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['wan']} | {r['mode']} | {r['makespan_s']:.1f} | {r['makespan_s'] / ref[r['mode']]:.2f} | "
+                  f"{r['learner_bytes'] / size:.1f} |")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
 

@@ -28,10 +28,22 @@ host and no public host can dial it (:meth:`Testbed.forward_port` opens a port):
         tb.ip(4), tb.public_ip(4)                  # "10.79.1.2", "10.77.0.4" (its router's)
         tb.popen(4, ["swarm-node", ...])           # a process inside host 4
 
-Shaping (``rate_mbit > 0``): a host's upload is a ``tbf`` qdisc on its own veth end, its
-download a ``tbf`` on the far end (the hub's or the router's). This kernel has no
-``netem``, so no latency is added here (``BroadcastSettings.send_delay_s`` adds per-chunk
-delay in user space). Routers' own links to the hub are not shaped.
+Shaping (``rate_mbit > 0``, or per host ``links``): a host's upload is a ``tbf`` qdisc on its
+own veth end, its download a ``tbf`` on the far end (the hub's or the router's). Routers' own
+links to the hub are not shaped.
+
+Delay, jitter and loss (``wan=True``): this kernel has no ``netem``, so every host's link
+then runs through the user-space emulator (:mod:`bench.wan.linkemu`): on the far side the veth
+end is bridged (``x<i>``) with a tap ``t<i>a``, and a tap ``t<i>b`` joins the hub's (or the
+router's LAN) bridge; one emulator process copies frames between each pair after the link's
+delay, jitter and loss (:class:`bench.wan.profile.Link`: its ``rtt_ms`` is split half each way,
+so two hosts are ``rtt_i + rtt_j`` apart). :meth:`Testbed.set_link` changes a link at any time
+(rates too), which is how a run compares a profile with its zero-latency twin on the same
+hosts, or makes one link slow for a while::
+
+    links = load_profile("home").links(8)          # the learner's link, then 8 nodes'
+    with Testbed(9, wan=True, links=dict(enumerate(links))) as tb:
+        tb.set_link(3, links[3].without_latency())
 
 Needs root, iproute2 (``ip``, ``tc``) and, for NAT, nftables or iptables (``make test``
 installs them with apt-get when it runs as root). :func:`missing` says what is lacking.
@@ -49,6 +61,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.nat_rules import check_kind, iptables_rules, nft_forward_rules, nft_rules
+from bench.wan.linkemu import LinkEmu
+from bench.wan.profile import Link
 
 SUBNET = "10.77.0"
 #: The private subnet of NAT'd host ``i`` is ``f"{NAT_SUBNET}.{i}.0/24"``.
@@ -115,8 +129,15 @@ class Testbed:
     nat_hosts: tuple[int, ...] = ()
     #: Routers shared by several hosts; their hosts are numbered after the first ``n_hosts``.
     routers: tuple[RouterSpec, ...] = ()
-    prefix: str = field(default_factory=lambda: f"es{secrets.token_hex(3)}")
+    #: Run every host's link through the user-space emulator (delay, jitter, loss; see above).
+    wan: bool = False
+    #: Per-host links (index -> :class:`Link`); a host not named gets ``rate_mbit`` both ways.
+    links: dict[int, Link] = field(default_factory=dict)
+    #: Seed of the emulator's jitter and loss draws.
+    seed: int = 0
+    prefix: str = field(default_factory=lambda: f"{os.environ.get('ECHO_NETNS_PREFIX', 'es')}{secrets.token_hex(3)}")
     made: list[str] = field(default_factory=list)
+    emu: LinkEmu | None = None
 
     def __len__(self) -> int:
         return self.n_hosts + sum(r.hosts for r in self.routers)
@@ -178,6 +199,9 @@ class Testbed:
         bad = [i for i in self.nat_hosts if not 0 <= i < self.n_hosts]
         if bad:
             raise ValueError(f"nat_hosts {bad} outside 0..{self.n_hosts - 1}")
+        bad = [i for i in self.links if not 0 <= i < len(self)]
+        if bad:
+            raise ValueError(f"links for hosts {bad} outside 0..{len(self) - 1}")
         try:
             self._create()
         except BaseException:
@@ -193,10 +217,66 @@ class Testbed:
         self.made.append(name)
         sh("ip", "-n", name, "link", "set", "lo", "up")
 
-    def _shape(self, where: str, dev: str) -> None:
-        if self.rate_mbit > 0:
-            sh("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-               "rate", f"{self.rate_mbit}mbit", "burst", TBF_BURST, "latency", f"{self.queue_ms}ms")
+    def link(self, i: int) -> Link:
+        """Host ``i``'s link as set now."""
+        self._slot(i)
+        return self.links.get(i, Link(up_mbit=self.rate_mbit, down_mbit=self.rate_mbit))
+
+    def _ends(self, i: int) -> tuple[tuple[str, str], tuple[str, str]]:
+        """(namespace, device) of host ``i``'s upload and download qdiscs."""
+        if self.nat_kind(i) == "public":
+            far = (self.hub, f"v{i}b")
+        else:
+            far = (self.router(i), f"p{i}" if self._slot(i) or self.wan else "lan")
+        return (self.ns(i), f"v{i}a"), far
+
+    def _tbf(self, where: str, dev: str, mbit: float, verb: str) -> None:
+        if mbit > 0:
+            sh("ip", "netns", "exec", where, "tc", "qdisc", verb, "dev", dev, "root", "tbf",
+               "rate", f"{mbit}mbit", "burst", TBF_BURST, "latency", f"{self.queue_ms}ms")
+        elif verb == "replace":
+            sh("ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+
+    def _shape(self, i: int, verb: str = "add") -> None:
+        link = self.link(i)
+        (up_ns, up_dev), (down_ns, down_dev) = self._ends(i)
+        self._tbf(up_ns, up_dev, link.up_mbit, verb)
+        self._tbf(down_ns, down_dev, link.down_mbit, verb)
+
+    def set_link(self, i: int, link: Link) -> None:
+        """Give host ``i`` ``link`` from now on: rates always, delay/jitter/loss with ``wan``."""
+        old = self.link(i)
+        if (link.rtt_ms or link.jitter_ms or link.loss) and self.emu is None:
+            raise ValueError("delay, jitter and loss need Testbed(wan=True)")
+        self.links[i] = link
+        if (old.up_mbit, old.down_mbit) != (link.up_mbit, link.down_mbit) and self.made:
+            self._shape(i, "replace")
+        if self.emu is not None:
+            self.emu.set(i, link.shape(), link.shape())
+
+    def _attach(self, where: str, dev: str, bridge: str, i: int) -> None:
+        """Join host ``i``'s far veth end ``dev`` (in ``where``) to ``bridge``: directly, or with
+        ``wan`` through the emulator's tap pair."""
+        if not self.wan:
+            sh("ip", "-n", where, "link", "set", dev, "master", bridge)
+            return
+        x, ta, tb = f"x{i}", f"t{i}a", f"t{i}b"
+        # bridged frames skip the router's IP rules (as through a real switch): its forward
+        # policy would drop what crosses x, which is no interface it routes between
+        sh("ip", "netns", "exec", where, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0",
+           "net.bridge.bridge-nf-call-ip6tables=0", "net.bridge.bridge-nf-call-arptables=0")
+        sh("ip", "-n", where, "link", "add", x, "type", "bridge")
+        # x is a wire, not an interface of the router: it must not answer ARP for the router's
+        # addresses (else hosts reach the router through x, which its NAT rules do not know)
+        sh("ip", "netns", "exec", where, "sysctl", "-qw", f"net.ipv4.conf.{x}.arp_ignore=8",
+           f"net.ipv6.conf.{x}.disable_ipv6=1")
+        for tap, master in ((ta, x), (tb, bridge)):
+            sh("ip", "-n", where, "tuntap", "add", "dev", tap, "mode", "tap")
+            sh("ip", "-n", where, "link", "set", tap, "master", master)
+            sh("ip", "-n", where, "link", "set", tap, "up")
+        sh("ip", "-n", where, "link", "set", dev, "master", x)
+        sh("ip", "-n", where, "link", "set", x, "up")
+        self._taps.append((where, ta, tb))
 
     def _veth(self, ns_a: str, a: str, ns_b: str, b: str) -> None:
         sh("ip", "link", "add", a, "netns", ns_a, "type", "veth", "peer", "name", b, "netns", ns_b)
@@ -204,6 +284,7 @@ class Testbed:
         sh("ip", "-n", ns_b, "link", "set", b, "up")
 
     def _create(self) -> None:
+        self._taps: list[tuple[str, str, str]] = []
         self._add_ns(self.hub)
         sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
         sh("ip", "-n", self.hub, "link", "set", "br0", "up")
@@ -213,18 +294,22 @@ class Testbed:
             if i not in self.nat_hosts:
                 self._veth(ns, a, self.hub, b)
                 sh("ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", a)
-                sh("ip", "-n", self.hub, "link", "set", b, "master", "br0")
-                self._shape(ns, a)  # upload
-                self._shape(self.hub, b)  # download
+                self._attach(self.hub, b, "br0", i)
+                self._shape(i)
                 continue
             r = self.router(i)
             self._add_router(r, self.public_ip(i), b, "eim")
-            self._veth(ns, a, r, "lan")
+            if self.wan:  # the router's LAN is a bridge the emulator's tap joins
+                sh("ip", "-n", r, "link", "add", "lan", "type", "bridge")
+                sh("ip", "-n", r, "link", "set", "lan", "up")
+                self._veth(ns, a, r, f"p{i}")
+                self._attach(r, f"p{i}", "lan", i)
+            else:
+                self._veth(ns, a, r, "lan")
             sh("ip", "-n", r, "addr", "add", f"{NAT_SUBNET}.{i}.1/24", "dev", "lan")
             sh("ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", a)
             sh("ip", "-n", ns, "route", "add", "default", "via", f"{NAT_SUBNET}.{i}.1")
-            self._shape(ns, a)  # upload
-            self._shape(r, "lan")  # download
+            self._shape(i)
         for j, spec in enumerate(self.routers):
             hosts = self.behind(j)
             r = self.router(hosts[0])
@@ -236,11 +321,14 @@ class Testbed:
                 ns, a, port = self.ns(i), f"v{i}a", f"p{i}"
                 self._add_ns(ns)
                 self._veth(ns, a, r, port)
-                sh("ip", "-n", r, "link", "set", port, "master", "lan")
+                self._attach(r, port, "lan", i)
                 sh("ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", a)
                 sh("ip", "-n", ns, "route", "add", "default", "via", f"{LAN_SUBNET}.{j}.1")
-                self._shape(ns, a)  # upload
-                self._shape(r, port)  # download
+                self._shape(i)
+        if self.wan:
+            self.emu = LinkEmu(self._taps, seed=self.seed)
+            for i in range(len(self)):
+                self.emu.set(i, self.link(i).shape(), self.link(i).shape())
 
     def _add_router(self, r: str, public_ip: str, hub_end: str, kind: str) -> None:
         """Router namespace ``r``: ``wan`` on the hub's bridge at ``public_ip``, forwarding and
@@ -286,6 +374,9 @@ class Testbed:
         return subprocess.run(self.command(i, argv), capture_output=True, text=True, timeout=timeout)
 
     def close(self) -> None:
+        if self.emu is not None:
+            self.emu.close()
+            self.emu = None
         for name in reversed(self.made):
             sh("ip", "netns", "delete", name, check=False)
         self.made.clear()

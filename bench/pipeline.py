@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import select
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.pipeline_run import pipeline_modes, start_stages, summary
 
 PROMPT = "Explain in a few sentences why the sky is blue and why sunsets are red."
 #: Prompt length (token ids 1..N) used when the model directory has no tokenizer.
@@ -44,81 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--even", action="store_true",
                    help="split layers evenly instead of by the allocator (which counts the LM head's compute)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
-
-
-def _start_stages(hf_dir: Path, ranges: list[tuple[int, int]], root: Path, args) -> list[tuple[subprocess.Popen, dict]]:
-    procs = []
-    for i, (a, b) in enumerate(ranges):
-        cmd = [sys.executable, "-m", "node_agents.stages.serve", "--model", str(hf_dir), "--start", str(a),
-               "--end", str(b), "--data-dir", str(root / f"stage{i}"), "--threads", str(args.threads),
-               "--backend", args.backend]
-        if args.device:
-            cmd += ["--device", args.device]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}))
-    infos: dict[int, dict] = {}
-    deadline = time.monotonic() + 600
-    while len(infos) < len(procs):
-        for i, p in enumerate(procs):
-            if i not in infos and p.poll() is not None:
-                raise RuntimeError(f"stage {ranges[i]} exited with {p.returncode}")
-        waiting = {p.stdout: i for i, p in enumerate(procs) if i not in infos}
-        ready, _, _ = select.select(list(waiting), [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            raise RuntimeError("stages did not start within 600 s")
-        for f in ready:
-            line = f.readline()
-            if line.startswith("{"):
-                infos[waiting[f]] = json.loads(line)
-                print(f"  stage {ranges[waiting[f]]} ready ({infos[waiting[f]]['weight_bytes'] / 1e6:.0f} MB)",
-                      flush=True)
-    return [(p, infos[i]) for i, p in enumerate(procs)]
-
-
-def _summary(name: str, wall: float, tokens: int, busy: list[float], wire_bytes: int) -> dict:
-    busy_frac = [b / wall for b in busy] if wall > 0 else []
-    return {"mode": name, "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall if wall else 0.0,
-            "busy_fraction": busy_frac, "bubble_fraction": [1.0 - b for b in busy_frac],
-            "bytes_per_token": wire_bytes / tokens if tokens else 0.0}
-
-
-async def _pipeline_modes(args, infos, ranges, n_layers, prompt, eog, params, data_root) -> list[dict]:
-    import trio
-
-    from node_agents.stages.head import HeadStats, RouteStage, generate_over_route
-    from swarm.host import open_host
-
-    k = len(ranges)
-    route = [RouteStage(info["peer_id"], a, b) for info, (a, b) in zip(infos, ranges)]
-    out = []
-    async with open_host(data_root / "head") as host:
-        for info in infos:
-            await host.connect(info["addrs"][0])
-
-        async def one(g: int, stats: HeadStats) -> None:
-            p = type(params)(temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_tokens,
-                             seed=params.seed + g)
-            await generate_over_route(host, route, n_layers, prompt, args.group_size, p, -1, eog=eog,
-                                      n_ctx=len(prompt) + params.max_tokens + 1, wire_dtype=args.wire_dtype,
-                                      stats=stats)
-
-        await one(0, HeadStats())  # warm-up: first-call costs stay out of the figures
-        for name, concurrent in (("pipeline, 1 in flight", False), (f"pipeline, {k} in flight", True)):
-            stats = [HeadStats() for _ in range(k)]
-            t0 = time.perf_counter()
-            if concurrent:
-                async with trio.open_nursery() as nursery:
-                    for g in range(k):
-                        nursery.start_soon(one, g, stats[g])
-            else:
-                for g in range(k):
-                    await one(g, stats[g])
-            wall = time.perf_counter() - t0
-            busy = [sum(s.busy_s[i] for s in stats) for i in range(k)]
-            wire = sum(sum(s.bytes_in) + sum(s.bytes_out) for s in stats)
-            out.append(_summary(name, wall, sum(s.tokens for s in stats), busy, wire))
-            print(f"  {name}: {out[-1]['tokens_per_s']:.1f} tok/s", flush=True)
-    return out
+    p.add_argument("--hop-ms", default=None,
+                   help="comma-separated one-way delays per hop (ms): run the stages on emulated hosts with that "
+                        "latency between them, against zero latency (bench/pipeline_wan.py; needs root)")
+    p.add_argument("--max-in-flight", type=int, default=32,
+                   help="with --hop-ms: most groups the chosen depth may keep in flight")
+    p.add_argument("--repeats", type=int, default=2, help="with --hop-ms: interleaved rounds over the delays")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -155,6 +85,17 @@ def run(args: argparse.Namespace) -> None:
     print(f"pipeline bench: {hf_dir.name} ({args.backend}), {k} stages {ranges}, groups of {args.group_size} x "
           f"{args.max_tokens} tokens, wire {args.wire_dtype}", flush=True)
 
+    if args.hop_ms:
+        from bench.pipeline_wan import print_wan, run_wan
+
+        rows = run_wan(args, hf_dir, ranges, n_layers, prompt, eog, params)
+        print_wan(rows)
+        if args.json:
+            args.json.write_text(json.dumps({"stages": ranges, "group_size": args.group_size,
+                                             "max_tokens": args.max_tokens, "wire_dtype": args.wire_dtype,
+                                             "rows": rows}, indent=2))
+        return
+
     n_ctx = len(prompt) + args.max_tokens + 1
     if args.backend == "mlx":
         from node_agents.backends.mlx_backend import MlxBackend
@@ -168,14 +109,14 @@ def run(args: argparse.Namespace) -> None:
         p = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1 + g)
         tokens += sum(len(c.token_ids) for c in whole.generate_group(prompt, args.group_size, p))
     wall = time.perf_counter() - t0
-    results = [_summary("whole model, one node", wall, tokens, [wall], 0)]
+    results = [summary("whole model, one node", wall, tokens, [wall], 0)]
     print(f"  whole model: {results[0]['tokens_per_s']:.1f} tok/s", flush=True)
     whole.close()
 
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
-        procs = _start_stages(hf_dir, ranges, Path(tmp), args)
+        procs = start_stages(hf_dir, ranges, Path(tmp), args)
         try:
-            results += trio.run(_pipeline_modes, args, [i for _, i in procs], ranges, n_layers, prompt, eog,
+            results += trio.run(pipeline_modes, args, [i for _, i in procs], ranges, n_layers, prompt, eog,
                                 params, Path(tmp))
         finally:
             for p, _ in procs:

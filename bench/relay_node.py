@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     lr.add_argument("--sets", type=Path, help="wait for this JSON file of named node sets")
     lr.add_argument("--punch-wait", type=float, default=300.0, help="longest wait (s) for hole-punch rounds")
     lr.add_argument("--summary", type=Path, help="write the dissemination summary (dissem.json's) here at the end")
+    lr.add_argument("--conditions", type=Path,
+                    help="before a trial with a \"wan\" key, write '<n> <cond>' here and wait for the same line in "
+                         "<this>.ack (the bench sets the emulated links in between)")
     for q in (n, lr):
         q.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -123,6 +126,8 @@ async def run_learner(args) -> None:
             sets = await wait_sets(args, dissem) if args.sets else {}
             with open(args.out, "a") as out:
                 for version, trial in enumerate(trials, start=1):
+                    if args.conditions and "wan" in trial:
+                        await ask_condition(args.conditions, f"{version} {trial['wan']}")  # the bench sets them
                     members = sets.get(trial["set"], order) if "set" in trial else order
                     row = await one_trial(dissem, members, version, trial, args.trial_timeout, LoraAdapter, DissemConfig)
                     out.write(json.dumps(row) + "\n")
@@ -131,6 +136,18 @@ async def run_learner(args) -> None:
             if args.summary:
                 args.summary.write_text(json.dumps(dissem.summary(), indent=1))
             nursery.cancel_scope.cancel()
+
+
+async def ask_condition(path: Path, line: str, timeout_s: float = 60.0) -> None:
+    """Ask the bench for a link condition and wait until it says the links are set."""
+    import trio
+
+    path.write_text(line)
+    ack = path.with_name(path.name + ".ack")
+    with trio.fail_after(timeout_s):
+        while not (ack.exists() and ack.read_text().strip() == line):
+            await trio.sleep(0.1)
+    await trio.sleep(1.0)  # packets of the old condition drain
 
 
 async def wait_sets(args, dissem) -> dict[str, list[str]]:

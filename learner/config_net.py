@@ -68,8 +68,12 @@ class PipelineConfig(PlanConfig):
     #: Prompt tokens budgeted in each stage's KV cache, on top of ``train.max_tokens``.
     prompt_tokens: int = setting(256, ge=0)
     #: Groups a pipeline head keeps in flight at once (its largest lease; each holds a KV cache on
-    #: every stage, so the stages interleave them step by step instead of waiting on each other).
+    #: every stage, so the stages interleave them step by step instead of waiting on each other):
+    #: the depth the layer allocation budgets memory for.
     in_flight: int = setting(2, ge=1)
+    #: Most groups a head may keep in flight when its links' measured round trips call for more
+    #: (``swarm/pipeline/depth.py``) and its stages' spare memory holds their KV caches.
+    max_in_flight: int = setting(16, ge=1)
     #: A stage node that has not polled for this long (and holds no lease, live or expired within
     #: this time: a slow head may still push) leaves the plan (s).
     stale_s: float = setting(300.0, gt=0)
@@ -127,8 +131,10 @@ class DissemConfig(Section):
     #: A node waits this long (s) for a version to arrive by push before fetching it itself.
     node_wait_s: float = setting(30.0, ge=0)
     #: Deadline (s) of the dial-back to each address a registering node advertises; a node no
-    #: address of which answers is unreachable: a broadcast leaf fed by the learner only.
-    dial_back_timeout_s: float = setting(3.0, gt=0)
+    #: address of which answers is unreachable: a broadcast leaf fed by the learner only. Holds
+    #: at 300 ms and 2% loss (a dial is about 6 round trips, a lost handshake packet costs about
+    #: 1 s); longer for a node whose measured round trip calls for it (``swarm.rtt.scaled``).
+    dial_back_timeout_s: float = setting(5.0, gt=0)
     #: Deadline (s) of a node's whole dial-back, however many addresses it advertises. The
     #: node waits for the registration reply meanwhile: keep it below the node's 10 s deadline.
     dial_back_budget_s: float = setting(8.0, gt=0)

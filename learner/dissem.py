@@ -46,10 +46,11 @@ from swarm.dissem.broadcast import BroadcastSettings, Disseminator, to_subtree
 from swarm.dissem.instructions import build_instructions, sign_instructions
 from swarm.dissem.manifest import LayerRange, describe, normalise_ranges, range_of
 from swarm.dissem.store import Assembly, VersionStore
-from swarm.discovery.reach import Reach, dial_back, remote_ip_of
+from swarm.discovery.reach import DIAL_ROUND_TRIPS, Reach, dial_back, remote_ip_of
 from swarm.discovery.links import Links
 from swarm.dissem.tree import Member, Plan, build_plan, link_dials, split_by_range
 from swarm.proto import DISSEM_HAVE, DISSEM_JOIN, DISSEM_MANIFEST
+from swarm.rtt import scaled
 from swarm.proto.adapter import AdapterReply
 from swarm.proto.dissem import (
     DissemJoin, DissemJoinAck, HaveAck, HaveVersion, ManifestReply, ManifestRequest, PeerRef,
@@ -176,7 +177,8 @@ class LearnerDissem:
         reach: Reach | None = None
         with trio.move_on_after(self.cfg.dial_back_budget_s):
             reach = await dial_back(peer_id, list(addrs), remote_ip_of(self.host, peer_id),
-                                    timeout_s=self.cfg.dial_back_timeout_s)
+                                    timeout_s=scaled(self.cfg.dial_back_timeout_s, self.host.rtt(peer_id),
+                                                     DIAL_ROUND_TRIPS))
         if reach is None:
             reach = Reach(peer_id, False, errors=(f"no answer within {self.cfg.dial_back_budget_s} s",))
         self.reach[peer_id] = (addrs, reach)

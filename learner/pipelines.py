@@ -40,6 +40,7 @@ from learner.config_net import PipelineConfig
 from swarm.pipeline.allocate import (ModelSpec, NodeSpec, Pipeline, Plan, RunSpec, Stage, build_pipeline,
                                      end_costs, form_pipelines, layer_capacity, replan)
 from swarm.discovery.links import Links
+from swarm.pipeline.depth import in_flight_cap
 from swarm.proto.stage import RouteHop, StageAssignment
 from swarm.proto.work import WorkRequest
 
@@ -148,8 +149,13 @@ def assign_replicas(plan: Plan, caps: Mapping[str, int], e_first: int, e_last: i
 class PipelineManager:
     def __init__(self, group_size: int, max_tokens: int, settings: PipelineConfig,
                  on_plan: Callable[[], None] | None = None,
-                 links: Callable[[list[str]], Links | None] | None = None):
+                 links: Callable[[list[str]], Links | None] | None = None,
+                 rtt: Callable[[str], float | None] | None = None):
         self.settings = settings
+        #: The learner's measured round trip to a node (``SwarmHost.rtt``; None: unknown). The
+        #: allocator's ``rtt(a, b)`` is estimated as the sum of the two (a path through the
+        #: learner's neighbourhood), so a pipeline is headed by its member nearest the others.
+        self.rtt = rtt
         #: The learner's current links given the members (``swarm.discovery.links``; a member whose
         #: reachability is not measured yet counts as dialable; None: every pair can link): a
         #: pipeline's head must link with each of its stages, and a stage the head cannot dial is
@@ -236,10 +242,14 @@ class PipelineManager:
         cfg = self.settings
         links = self.links(list(self.members)) if self.links is not None else None
         can_link = links.can_link if links is not None else None
+        rtt = None
+        if self.rtt is not None:
+            to_learner = {p: self.rtt(p) or 0.0 for p in self.members}
+            rtt = lambda a, b: to_learner.get(a, 0.0) + to_learner.get(b, 0.0)  # noqa: E731
         if self.plan is None:
-            self.plan = form_pipelines(nodes, self.model, self.run, cfg, now, can_link)
+            self.plan = form_pipelines(nodes, self.model, self.run, cfg, now, can_link, rtt)
         else:
-            self.plan = replan(self.plan, nodes, self.model, self.run, cfg, now, can_link)
+            self.plan = replan(self.plan, nodes, self.model, self.run, cfg, now, can_link, rtt)
         self._ids = {p.stages: self._ids[p.stages] for p in self.plan.pipelines if p.stages in self._ids}
         for p in self.plan.pipelines:
             if p.stages not in self._ids:
@@ -303,8 +313,22 @@ class PipelineManager:
                   if p == pid and self._holds(peer, pid, st, version)]
         return StageAssignment(pipeline_id=pid, start=mine.start, end=mine.end, n_layers=n_layers,
                                route=[self._hop(s.node_id, s) for s in stages], spares=spares, version=version,
-                               in_flight=self.settings.in_flight, head=stages[0].node_id == peer_id,
+                               in_flight=self.lease_cap(peer_id), head=stages[0].node_id == peer_id,
                                dial=self.dials_of(peer_id, stages))
+
+    def lease_cap(self, peer_id: str) -> int:
+        """Most groups ``peer_id``'s pipeline may keep in flight (its head asks for what its links'
+        round trips need, up to this): its stages' spare memory, at least ``in_flight``."""
+        where = self.pipeline_of(peer_id)
+        s = self.settings
+        if where is None or self.model is None:
+            return s.in_flight
+        m, run, cfg = self.model, self.run, s
+        mems = [self.members[st.node_id].spec.memory_bytes * cfg.usable_fraction - cfg.reserve_bytes
+                if st.node_id in self.members else 0.0 for st in where[1]]
+        return in_flight_cap([(st.start, st.end) for st in where[1]], m.n_layers, mems, m.layer_bytes,
+                             m.kv_bytes_per_token * run.group_size * run.max_tokens, (m.embed_bytes, m.head_bytes),
+                             s.in_flight, max(s.in_flight, s.max_in_flight))
 
     def dials_of(self, peer_id: str, stages: Sequence[Stage]) -> list[str]:
         """The peers ``peer_id`` must dial for its pipeline (connection reversal): the head when the

@@ -162,7 +162,8 @@ class LearnerService:
         self.ledger = ledger if ledger is not None else WorkLedger()
         self.changes = Changes()
         self.pipelines = PipelineManager(s.group_size, s.sampling.max_tokens, s.pipeline, on_plan=self._plan_changed,
-                                         links=dissem.link_snapshot if dissem is not None else None)
+                                         links=dissem.link_snapshot if dissem is not None else None,
+                                         rtt=dissem.host.rtt if dissem is not None else None)
         self.hello = HelloDesk(self.roster, coordinator, self.pipelines, self.versions, self.changes,
                                JoinTerms(s.run_id, s.model_name, s.run_name, s.model_sha256),
                                admission=admission, model_serve=model_serve, dissem=dissem)

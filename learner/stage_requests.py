@@ -53,13 +53,18 @@ def stage_report(pipelines: PipelineManager, coord: Coordinator, msg: StageRepor
     return StageReportAck(requeued=requeued), lost
 
 
-#: The longest the learner's probe of a stage reported lost may take (s).
+#: The longest the learner's probe of a stage reported lost may take (s); longer on a slow link:
+#: ``STAGE_PROBE_ROUND_TRIPS`` of the stage's measured round trips (``swarm.rtt.scaled``).
 STAGE_PROBE_TIMEOUT_S = 5.0
+STAGE_PROBE_ROUND_TRIPS = 4
 
 
 async def stage_alive(host: SwarmHost, peer_id: str, timeout_s: float = STAGE_PROBE_TIMEOUT_S) -> bool:
     """The learner's own probe of a stage node a head reported lost: can a fresh stream on the
-    stage protocol be opened to it within ``timeout_s``?"""
+    stage protocol be opened to it within ``timeout_s`` (more on a slow link)?"""
+    from swarm.rtt import scaled
+
+    timeout_s = scaled(timeout_s, host.rtt(peer_id), STAGE_PROBE_ROUND_TRIPS)
     try:
         stream = await host.open_stream(peer_id, PIPELINE, timeout=timeout_s)
     except (SwarmError, OSError, trio.TooSlowError):

@@ -95,7 +95,7 @@ class WorkDesk:
                 return None
             if self.gate.arrive(peer_id):
                 self.changes.notify()
-            return self.lease_reply(peer_id, msg.max_groups, limit=mgr.settings.in_flight,
+            return self.lease_reply(peer_id, msg.max_groups, limit=mgr.lease_cap(peer_id),
                                     stage=lambda record: mgr.assignment(peer_id, record.version))
 
         return await self.long_poll(peer_id, attempt)

@@ -128,6 +128,9 @@ class StageAgent(NodeAgent):
         #: Failovers seen as head: groups replayed into a spare, groups handed back.
         self.replayed = 0
         self.handed_back = 0
+        #: As head: groups to ask for, from the last lease's measured compute and the links'
+        #: round trips (``swarm.pipeline.depth``); 0 until measured (then the assignment's cap).
+        self.depth = 0
 
     # -- joining: the push tree only when it can send per-range slices ----------------------
     async def _start_sync(self, host, peer: str) -> None:
@@ -143,7 +146,11 @@ class StageAgent(NodeAgent):
         st = self.stage
         have = st.adapter_version if st is not None and self.adapter_key and self.adapter_key[0] == self.run_id else -1
         a = self.assignment
-        groups = max(self.cfg.max_groups, a.in_flight if a is not None and a.head else 1)
+        if a is not None and a.head:
+            groups = min(a.in_flight, self.depth) if self.depth else a.in_flight
+            groups = max(self.cfg.max_groups, groups)
+        else:
+            groups = max(self.cfg.max_groups, 1)
         return WorkRequest(have_version=have, max_groups=groups,
                            layer_start=st.start if st is not None else -1, layer_end=st.end if st is not None else -1,
                            pipeline_id=self.pipeline_id if st is not None else "")
@@ -275,6 +282,7 @@ class StageAgent(NodeAgent):
         await self._dial(host, list(a.route) + list(a.spares))
         s = lease.sampling
         results: dict[str, GroupResult] = {}
+        all_stats: list[HeadStats] = []
         replayed, failed, lost, why = [], [], set(), []
         tokens = 0
         t0 = time.perf_counter()
@@ -283,6 +291,7 @@ class StageAgent(NodeAgent):
             nonlocal tokens
             params = SamplingParams(s.temperature, s.top_p, s.max_tokens, group_seed(s.seed, g.group_id))
             stats = HeadStats()
+            all_stats.append(stats)
             try:
                 comps = await generate_over_route(
                     host, route, a.n_layers, g.prompt_ids, lease.group_size, params, lease.version, eog=self._eog,
@@ -305,6 +314,7 @@ class StageAgent(NodeAgent):
             for g in lease.groups:
                 nursery.start_soon(one, g)
         gen_s = time.perf_counter() - t0
+        self._measure_depth(host, route, a.in_flight, all_stats)
         if replayed or failed:
             self.replayed += len(replayed)
             self.handed_back += len(failed)
@@ -323,6 +333,24 @@ class StageAgent(NodeAgent):
         self.say(f"v{lease.version} lease {lease.lease_id} over {len(route)} stage(s): {len(ordered)} group(s), "
                  f"{tokens} tok in {gen_s:.1f}s ({tokens / max(gen_s, 1e-9):.0f} tok/s), pushed {pushed} "
                  f"(total {self.pushed_completions}){note}")
+
+
+    def _measure_depth(self, host, route, cap: int, stats: list) -> None:
+        """Groups to keep in flight next time: each hop's compute per step (as its stage reported
+        it, over this lease's groups) and the round trip of the head's link to it (the muxer's
+        measurement; 0 for the head's own stage)."""
+        from swarm.pipeline.depth import groups_in_flight
+
+        steps = sum(st.steps for st in stats)
+        if not steps or any(len(st.busy_s) != len(route) for st in stats if st.steps):
+            return
+        busy = [sum(st.busy_s[i] for st in stats if st.steps) / steps for i in range(len(route))]
+        rtt = [0.0 if r.peer_id == host.peer_id else (host.rtt(r.peer_id) or 0.0) for r in route]
+        depth = groups_in_flight(busy, [b + t for b, t in zip(busy, rtt)], cap=max(1, cap))
+        if depth != self.depth:
+            log.info("pipeline depth: %d group(s) in flight (compute per step %s ms, round trips %s ms, cap %d)",
+                     depth, [round(1000 * b, 1) for b in busy], [round(1000 * t, 1) for t in rtt], cap)
+        self.depth = depth
 
 
 def stage_capabilities(backend: str, spec: ModelSpec, memory_bytes: int, tokens_per_s: float, hw) -> Capabilities:

@@ -105,6 +105,25 @@ class SwarmHost(RequestReply, Dialing):
         ips = [ip for ip in map(connection_remote_ip, conns) if ip is not None]
         return for_remote(ours, ips[0] if ips else None)
 
+    def rtt(self, peer_id: str) -> float | None:
+        """The smoothed round trip (s) to a connected peer as its muxer measures it (yamux pings
+        half a second after connecting, then every 30 s), the smallest over its connections; None
+        when not connected or not measured yet. Waits that an honest slow link can exceed scale
+        with it (:func:`swarm.rtt.scaled`)."""
+        from libp2p.peer.id import ID
+
+        try:
+            conns = self.libp2p_host.get_network().get_connections(ID.from_base58(peer_id))
+        except Exception:  # a malformed peer id: no connection to it
+            return None
+        measured = []
+        for conn in conns:
+            muxed = conn.muxed_conn
+            rtt = muxed.rtt() if callable(getattr(muxed, "rtt", None)) else 0.0
+            if rtt > 0:
+                measured.append(float(rtt))
+        return min(measured) if measured else None
+
     def private_key(self) -> PrivateKey:
         """The host's libp2p identity private key (Ed25519), e.g. to sign manifests."""
         return self.libp2p_host.get_private_key()

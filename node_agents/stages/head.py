@@ -49,6 +49,9 @@ class HeadStats:
     wall_s: float = 0.0
     #: Per stage: compute seconds reported by the stage.
     busy_s: list[float] = field(default_factory=list)
+    #: Per stage: seconds the head waited for the stage's answers (compute plus round trip);
+    #: ``wait_s[i] - busy_s[i]`` is what the link to stage ``i`` cost (``swarm.pipeline.depth``).
+    wait_s: list[float] = field(default_factory=list)
     #: Per link: bytes sent to / received from the stage.
     bytes_out: list[int] = field(default_factory=list)
     bytes_in: list[int] = field(default_factory=list)
@@ -100,7 +103,9 @@ async def _through(hops: list["_Hop"], step: int, version: int, token_ids: list[
         msg = StageForward(step=step, start=hop.start, end=hop.end, adapter_version=version,
                            token_ids=token_ids if i == 0 else [], hidden=hidden, position_ids=positions,
                            keep_rows=keep_rows, expand=expand)
+        t0 = time.perf_counter()
         result = await _forward(hops, i, msg, replace, stats)
+        stats.wait_s[i] += time.perf_counter() - t0
         stats.busy_s[i] += result.busy_s
         hidden = result.hidden
         if i < len(hops) - 1 and hidden is None:
@@ -121,6 +126,8 @@ async def generate_group(links: list[Any], prompt_ids: list[int], n: int, params
     stats = stats if stats is not None else HeadStats()
     if len(stats.busy_s) != len(links):  # a fresh stats object (or another route): start the sums
         stats.busy_s = [0.0] * len(links)
+    if len(stats.wait_s) != len(links):
+        stats.wait_s = [0.0] * len(links)
     hops = [_Hop(link, link.start, link.end) for link in links]
     state = chunk_state(len(prompt), n_ctx, 0, n, params)
     if state is None:

@@ -37,12 +37,23 @@ class PullSettings:
     probe_wait_s: float = 2.0
 
 
-def next_batch(rate_bps: float, chunk_bytes: int, target_s: float, most: int) -> int:
+#: A request should last at least this many round trips of its link: the pause of one round
+#: trip between a reply and the next request then costs at most about 1/20 of the link's rate.
+RTTS_PER_REQUEST = 20
+
+
+def next_batch(rate_bps: float, chunk_bytes: int, target_s: float, most: int, rtt_s: float = 0.0) -> int:
     """Chunks to ask for next from a peer that delivered ``rate_bps`` (bytes/s) so far:
-    about ``target_s`` worth, at least 1 and at most ``most``."""
+    about ``target_s`` worth, at least 1 and at most ``most``; on a long link (round trip
+    ``rtt_s``) at least ``RTTS_PER_REQUEST`` round trips' worth, past ``most`` if need be (the
+    caller still caps a request at the protocol's largest)."""
     if rate_bps <= 0:
         return 1
-    return max(1, min(most, int(rate_bps * target_s / max(1, chunk_bytes))))
+    chunk = max(1, chunk_bytes)
+    n = min(most, int(rate_bps * target_s / chunk))
+    if rtt_s > 0:
+        n = max(n, int(rate_bps * RTTS_PER_REQUEST * rtt_s / chunk))
+    return max(1, n)
 
 
 def pick_chunks(missing: list[int], in_flight: set[int], peer_has: set[int] | None, batch: int,

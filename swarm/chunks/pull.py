@@ -19,7 +19,10 @@ the peer's have-map. In a private run every request carries this host's membersh
   once every holder answered its first request (or ``probe_wait_s`` passed): the learner's upload
   is shared by the whole swarm (adapter repair). Otherwise it is asked alongside the holders
   (the base model: holders are few at first).
-- Each peer's batch follows its measured rate, so one request takes about ``target_request_s``.
+- Each peer's batch follows its measured rate, so one request takes about ``target_request_s``,
+  and on a long link at least ``RTTS_PER_REQUEST`` of its round trips (the muxer's measurement),
+  so the round trip between a reply and the next request leaves the link idle little (the
+  muxer's receive window grows to the bandwidth-delay product by itself: yamux auto-tuning).
 
 :meth:`Puller.run` returns when the store is complete and raises :class:`PullError` when nothing
 new arrived for ``give_up_s``. The decisions (``swarm.chunks.choice``) are pure functions.
@@ -307,7 +310,7 @@ class Puller:
                     failures = idle = 0
                     self._last_chunk_at = trio.current_time()
                     batch = next_batch(got / max(1e-3, self._last_chunk_at - t0), self.store.manifest.chunk_bytes,
-                                       s.target_request_s, s.batch)
+                                       s.target_request_s, s.batch, self.host.rtt(peer) or 0.0)
                     self.from_peers[peer] = self.from_peers.get(peer, 0) + got
                     self._report_progress()
                     self._poke()

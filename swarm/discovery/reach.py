@@ -33,7 +33,10 @@ from swarm.addrs import is_loopback, is_unspecified, split_peer_id, with_peer_id
 log = logging.getLogger(__name__)
 
 #: Deadline (s) of the dial to one advertised address.
-DIAL_TIMEOUT_S = 3.0
+DIAL_TIMEOUT_S = 5.0
+#: Round trips a dial takes (TCP, multistream, Noise, multistream, yamux), for waits scaled by
+#: a peer's measured round trip (``swarm.rtt.scaled``).
+DIAL_ROUND_TRIPS = 6
 #: Advertised addresses tried at most, in the node's order.
 MAX_CANDIDATES = 8
 #: Listen address of the throwaway dialling host (it only dials; loopback is enough).

@@ -60,6 +60,7 @@ from swarm.framing import read_frame, write_frame
 from swarm.proto import DISSEM_PUSH
 from swarm.proto.chunks import ChunkFrame, PeerRef
 from swarm.proto.dissem import Instructions, PushHeader, Subtree
+from swarm.rtt import scaled
 from swarm.wire import WireError
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class BroadcastSettings:
-    #: A push stream with no frame for this long (s) is stalled; its stripe is repaired.
-    #: With no chunk at all for this long, every missing chunk is repaired.
+    #: A push stream with no frame for this long (s) is stalled; its stripe is repaired
+    #: (longer from a parent whose measured round trip calls for it: ``STALL_ROUND_TRIPS`` of
+    #: them, ``swarm.rtt.scaled``). With no chunk at all for this long, every missing chunk is
+    #: repaired.
     stall_timeout_s: float = 5.0
     #: Give up on a version after this long (s) without any new chunk.
     give_up_s: float = 60.0
@@ -98,6 +101,9 @@ class BroadcastSettings:
 
 
 OnComplete = Callable[[Assembly], Awaitable[None]]
+#: A parent's push stream counts as stalled after this many of its round trips without a frame
+#: (when that is longer than ``stall_timeout_s``): a lost segment costs TCP one or two.
+STALL_ROUND_TRIPS = 4
 #: Versions whose relay instructions a peer keeps.
 KEEP_INSTRUCTIONS = 8
 
@@ -137,6 +143,10 @@ class Disseminator:
         kept = set(sorted({v for v, _ in self.instructions})[-KEEP_INSTRUCTIONS:])
         for key in [k for k in self.instructions if k[0] not in kept]:
             del self.instructions[key]
+
+    def _stall_s(self, peer: str) -> float:
+        """``stall_timeout_s``, or ``STALL_ROUND_TRIPS`` of ``peer``'s measured round trips when longer."""
+        return scaled(self.settings.stall_timeout_s, self.host.rtt(peer), STALL_ROUND_TRIPS)
 
     def _counted(self, stream, peer: str) -> "_Counting":
         return _Counting(stream, self.sent_bytes, peer)
@@ -179,17 +189,16 @@ class Disseminator:
         """Tell ``ref`` about ``asm`` with a header-only push: it learns the signed manifest and
         the holders, sees the stream end with every chunk missing, and repairs from peers.
         For a node whose relay died before passing anything on (it never heard of the version)."""
-        s = self.settings
         try:
             await self._dial(ref)
-            stream = await self.host.open_stream(ref.peer_id, DISSEM_PUSH, timeout=s.stall_timeout_s)
+            stream = await self.host.open_stream(ref.peer_id, DISSEM_PUSH, timeout=self._stall_s(ref.peer_id))
         except SwarmError as e:
             log.warning("v%d: cannot announce to %s (%s)", asm.version, ref.peer_id[-8:], e)
             return
         ok = False
         try:
             header = PushHeader(asm.manifest, 0, 1, [], holders, instructions)
-            await write_frame(self._counted(stream, ref.peer_id), header.to_wire(), timeout=s.stall_timeout_s,
+            await write_frame(self._counted(stream, ref.peer_id), header.to_wire(), timeout=self._stall_s(ref.peer_id),
                               max_size=self.host.config.max_frame_bytes)
             ok = True
         except (SwarmError, WireError) as e:
@@ -203,7 +212,7 @@ class Disseminator:
         s = self.settings
         try:
             await self._dial(sub.peer)
-            stream = await self.host.open_stream(child, DISSEM_PUSH, timeout=s.stall_timeout_s)
+            stream = await self.host.open_stream(child, DISSEM_PUSH, timeout=self._stall_s(child))
         except SwarmError as e:
             log.warning("v%d stripe %d: cannot reach %s (%s); feeding its %d children directly",
                         asm.version, stripe, child[-8:], e, len(sub.children))
@@ -220,7 +229,7 @@ class Disseminator:
         try:
             header = PushHeader(asm.manifest, stripe, stripes, sub.children, holders,
                                 self.instructions.get(asm.key))
-            await write_frame(out, header.to_wire(), timeout=s.stall_timeout_s, max_size=cap)
+            await write_frame(out, header.to_wire(), timeout=self._stall_s(child), max_size=cap)
             pos = sent = 0
             while sent < need:
                 while pos < len(asm.order):
@@ -231,7 +240,7 @@ class Disseminator:
                             await trio.sleep(s.send_delay_s)
                         frame = ChunkFrame(i, asm.chunks[i])  # type: ignore[arg-type]
                         # Chunks are zstd output already: never try to compress them again.
-                        await write_frame(out, frame.to_wire(), timeout=s.stall_timeout_s,
+                        await write_frame(out, frame.to_wire(), timeout=self._stall_s(child),
                                           compress_threshold=cap, max_size=cap)
                         sent += 1
                 if sent < need:
@@ -253,7 +262,7 @@ class Disseminator:
         s = self.settings
         cap = self.host.config.max_frame_bytes
         try:
-            header = PushHeader.from_wire(await read_frame(stream, max_size=cap, timeout=s.stall_timeout_s,
+            header = PushHeader.from_wire(await read_frame(stream, max_size=cap, timeout=self._stall_s(parent),
                                                             budget=budget_for(PushHeader)))
             asm = self.store.accept(header.manifest)
             if header.stripe >= header.stripes:
@@ -298,10 +307,12 @@ class Disseminator:
         s = self.settings
         cap = self.host.config.max_frame_bytes
         reason = ""
+        stall_s = s.stall_timeout_s
         try:
             while True:
                 try:
-                    raw = await read_frame(stream, max_size=cap, timeout=s.stall_timeout_s, budget=budget_for(ChunkFrame))
+                    stall_s = self._stall_s(parent)
+                    raw = await read_frame(stream, max_size=cap, timeout=stall_s, budget=budget_for(ChunkFrame))
                 except EndOfStream:
                     break
                 frame = ChunkFrame.from_wire(raw)
@@ -310,7 +321,7 @@ class Disseminator:
                     reason = f"bad chunk {frame.index}"
                     break
         except SwarmTimeout:
-            reason = f"stalled for {s.stall_timeout_s} s"
+            reason = f"stalled for {stall_s:.1f} s"
         except (FrameError, SwarmError, WireError) as e:
             reason = f"{type(e).__name__}: {e}"
         await close_stream(stream, reset=bool(reason))

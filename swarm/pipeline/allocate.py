@@ -30,6 +30,12 @@ Three decisions, each a pure function:
    least one layer per stage. The two largest-capacity nodes take the end stages (they absorb
    the embedding and the head). Stages are ordered first, middles (fastest first), last.
 
+Latency (``rtt``, optional): the head drives every stage in turn, so a pipeline's round trips
+are those between its head and each other stage. Among the members that may head it, the one
+with the smallest sum of round trips to the others heads it (the first that gives a feasible
+pipeline; capacity breaks ties), so fewer groups in flight hide the latency
+(``swarm.pipeline.depth``).
+
 Links (``can_link``, optional): the head drives every stage of its pipeline over a direct
 connection (routing is a star), which either side may open (``swarm.discovery.links``: a NAT'd
 stage dials a dialable head; a punched pair punches). So the head must be a member that can
@@ -59,6 +65,8 @@ from swarm.pipeline.cover import cover_dp, cover_exact
 
 #: ``can_link(a, b)``: whether peers ``a`` and ``b`` can hold a direct connection.
 CanLink = Callable[[str, str], bool]
+#: ``rtt(a, b)``: the round trip (s) between peers ``a`` and ``b`` as measured or estimated.
+Rtt = Callable[[str, str], float]
 
 
 @dataclass(frozen=True)
@@ -260,11 +268,12 @@ def pipeline_throughput(layers: list[int], speeds: list[float], n_layers: int, h
 
 
 def build_pipeline(members: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg: PlanConfig,
-                   can_link: CanLink | None = None) -> Pipeline | None:
+                   can_link: CanLink | None = None, rtt: Rtt | None = None) -> Pipeline | None:
     """Order ``members`` into stages and water-fill the layers; ``None`` when they cannot
     hold the model. The two largest-capacity nodes take the ends (embedding, head); with
     ``can_link``, the head is the largest-capacity member that can link with every other one
-    (``None`` when there is none)."""
+    (``None`` when there is none); with ``rtt``, the one of those closest to the others (the
+    smallest sum of round trips) that gives a feasible pipeline."""
     caps = {m.node_id: layer_capacity(m, model, run, cfg) for m in members}
     e_first, e_last = end_costs(model, run)
     L = model.n_layers
@@ -274,35 +283,39 @@ def build_pipeline(members: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg:
             return None
         return Pipeline((Stage(m.node_id, 0, L),), m.tokens_per_s)
     by_cap = sorted(members, key=lambda m: (-caps[m.node_id], m.node_id))
+    heads = by_cap
     if can_link is not None:
         heads = [m for m in by_cap if all(can_link(m.node_id, o.node_id) for o in by_cap if o is not m)]
         if not heads:
             return None
-        by_cap.remove(heads[0])
-        by_cap.insert(0, heads[0])
-    first, last, mids = by_cap[0], by_cap[1], by_cap[2:]
-    mids.sort(key=lambda m: (-m.tokens_per_s, m.node_id))
-    ordered = [first, *mids, last]
-    stage_caps = [caps[m.node_id] for m in ordered]
-    stage_caps[0] -= e_first
-    stage_caps[-1] -= e_last
-    if min(stage_caps) < 1 or sum(stage_caps) < L or len(ordered) > L:
-        return None
-    speeds = [m.tokens_per_s for m in ordered]
-    offsets = [0.0] * (len(ordered) - 1) + [model.head_compute_layers]
-    layers = water_fill(L, stage_caps, speeds, offsets)
-    stages, start = [], 0
-    for m, n in zip(ordered, layers):
-        stages.append(Stage(m.node_id, start, start + n))
-        start += n
-    return Pipeline(tuple(stages), pipeline_throughput(layers, speeds, L, cfg.hop_s, offsets))
+    if rtt is not None:
+        heads = sorted(heads, key=lambda h: sum(rtt(h.node_id, o.node_id) for o in by_cap if o is not h))
+    else:
+        heads = heads[:1]
+    for head in heads:
+        rest = [m for m in by_cap if m is not head]
+        ordered = [head, *sorted(rest[1:], key=lambda m: (-m.tokens_per_s, m.node_id)), rest[0]]
+        stage_caps = [caps[m.node_id] for m in ordered]
+        stage_caps[0] -= e_first
+        stage_caps[-1] -= e_last
+        if min(stage_caps) < 1 or sum(stage_caps) < L or len(ordered) > L:
+            continue
+        speeds = [m.tokens_per_s for m in ordered]
+        offsets = [0.0] * (len(ordered) - 1) + [model.head_compute_layers]
+        layers = water_fill(L, stage_caps, speeds, offsets)
+        stages, start = [], 0
+        for m, n in zip(ordered, layers):
+            stages.append(Stage(m.node_id, start, start + n))
+            start += n
+        return Pipeline(tuple(stages), pipeline_throughput(layers, speeds, L, cfg.hop_s, offsets))
+    return None
 
 
 # ---------------------------------------------------------------------------- formation
 
 
 def form_pipelines(nodes: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg: PlanConfig = PlanConfig(),
-                   now: float = 0.0, can_link: CanLink | None = None) -> Plan:
+                   now: float = 0.0, can_link: CanLink | None = None, rtt: Rtt | None = None) -> Plan:
     """A fresh plan for ``nodes`` (see the module docstring for the rule)."""
     e_first, e_last = end_costs(model, run)
     need = model.n_layers + e_first + e_last
@@ -333,11 +346,11 @@ def form_pipelines(nodes: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg: P
     used = {i for c in best_cover for i in c}
     leftovers = sorted((parts[i] for i in range(len(parts)) if i not in used),
                        key=lambda n: (-n.tokens_per_s, n.node_id))
-    built = [build_pipeline(g, model, run, cfg, can_link) for g in groups]
+    built = [build_pipeline(g, model, run, cfg, can_link, rtt) for g in groups]
     for node in leftovers:
         gains = []
         for j, g in enumerate(groups):
-            trial = build_pipeline(g + [node], model, run, cfg, can_link)
+            trial = build_pipeline(g + [node], model, run, cfg, can_link, rtt)
             current = built[j]
             if trial is not None and current is not None:
                 gains.append((trial.tokens_per_s - current.tokens_per_s, j, trial))
@@ -349,7 +362,7 @@ def form_pipelines(nodes: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg: P
         groups[j].append(node)
         built[j] = trial
     for j, g in enumerate(groups):
-        groups[j], built[j], dropped = _prune(g, built[j], model, run, cfg, can_link)
+        groups[j], built[j], dropped = _prune(g, built[j], model, run, cfg, can_link, rtt)
         spare.extend(dropped)
         if built[j] is None and can_link is not None:  # no member links with all the others
             spare.extend(m.node_id for m in groups[j])
@@ -358,7 +371,8 @@ def form_pipelines(nodes: list[NodeSpec], model: ModelSpec, run: RunSpec, cfg: P
 
 
 def _prune(group: list[NodeSpec], built: Pipeline | None, model: ModelSpec, run: RunSpec,
-           cfg: PlanConfig, can_link: CanLink | None = None) -> tuple[list[NodeSpec], Pipeline | None, list[str]]:
+           cfg: PlanConfig, can_link: CanLink | None = None,
+           rtt: Rtt | None = None) -> tuple[list[NodeSpec], Pipeline | None, list[str]]:
     """Drop members whose removal raises the pipeline's throughput (a slow node that the
     fewest-stages covering picked, or one whose hop costs more than its speed brings)."""
     dropped: list[str] = []
@@ -366,7 +380,7 @@ def _prune(group: list[NodeSpec], built: Pipeline | None, model: ModelSpec, run:
         trials = []
         for m in group:
             rest = [x for x in group if x is not m]
-            trial = build_pipeline(rest, model, run, cfg, can_link)
+            trial = build_pipeline(rest, model, run, cfg, can_link, rtt)
             if trial is not None and trial.tokens_per_s > built.tokens_per_s:
                 trials.append((trial.tokens_per_s, m.node_id, rest, trial))
         if not trials:
@@ -377,7 +391,8 @@ def _prune(group: list[NodeSpec], built: Pipeline | None, model: ModelSpec, run:
 
 
 def replan(current: Plan, nodes: list[NodeSpec], model: ModelSpec, run: RunSpec,
-           cfg: PlanConfig = PlanConfig(), now: float = 0.0, can_link: CanLink | None = None) -> Plan:
+           cfg: PlanConfig = PlanConfig(), now: float = 0.0, can_link: CanLink | None = None,
+           rtt: Rtt | None = None) -> Plan:
     """The plan after joins and leaves (``nodes`` is the new snapshot).
 
     Intact pipelines (every member still present) are kept as they are; members of broken
@@ -392,9 +407,9 @@ def replan(current: Plan, nodes: list[NodeSpec], model: ModelSpec, run: RunSpec,
             and (can_link is None or all(can_link(p.node_ids[0], i) for i in p.node_ids[1:]))]
     taken = {i for p in kept for i in p.node_ids}
     rest = [n for n in nodes if n.node_id not in taken]
-    extra = form_pipelines(rest, model, run, cfg, now, can_link)
+    extra = form_pipelines(rest, model, run, cfg, now, can_link, rtt)
     incremental = Plan(tuple(kept) + extra.pipelines, extra.spare, extra.method, current.planned_at)
-    fresh = form_pipelines(nodes, model, run, cfg, now, can_link)
+    fresh = form_pipelines(nodes, model, run, cfg, now, can_link, rtt)
     if should_switch(incremental.tokens_per_s, fresh.tokens_per_s, now - current.planned_at, cfg):
         return fresh
     return incremental

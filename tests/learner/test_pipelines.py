@@ -322,3 +322,20 @@ def test_the_learners_probe_opens_a_stage_stream_and_fails_on_a_gone_peer(tmp_pa
             assert not await stage_alive(learner, stage_id, timeout_s=2.0)  # gone
 
     trio.run(main)
+
+
+def test_lease_cap_grows_with_the_stages_spare_memory():
+    def head_and_cap(mem: int, **kw) -> tuple[PipelineManager, str, int]:
+        mgr = manager(**kw)
+        for p in ("s1", "s2", "s3"):
+            mgr.join(p, stage_hello(mem), 0.0)
+        stages = max(mgr.summary()["pipelines"], key=lambda p: len(p["stages"]))["stages"]
+        return mgr, stages[0][0], mgr.lease_cap(stages[0][0])
+
+    _, _, tight = head_and_cap(300 * MB, max_in_flight=16)
+    mgr, head, roomy = head_and_cap(2_000 * MB, max_in_flight=16)
+    # 300 MB nodes hold 10 layers of SmolLM2 with 2 groups' KV each: little room for more groups
+    assert 2 <= tight < roomy == 16
+    assert mgr.update_for(head, 0).in_flight == 16  # the head is told its cap
+    assert head_and_cap(2_000 * MB, max_in_flight=2)[2] == 2
+    assert mgr.lease_cap("nobody") == mgr.settings.in_flight

@@ -83,3 +83,22 @@ def test_a_nat_stage_is_told_to_dial_its_head():
     assert mgr.assignment("s3", 0).dial == [head]
     assert all(mgr.assignment(p, 0).dial == [] for p in ("s1", "s2"))
     assert mgr.assignment(head, 0).head
+
+
+def test_the_head_is_the_member_nearest_the_others_when_round_trips_are_known():
+    members = [node("big", 6), node("mid", 5), node("near", 4)]
+    to_learner = {"big": 0.15, "mid": 0.12, "near": 0.03}
+
+    def rtt(a: str, b: str) -> float:
+        return to_learner[a] + to_learner[b]
+
+    assert build_pipeline(members, MODEL, RUN, CFG).stages[0].node_id == "big"  # by capacity alone
+    near = build_pipeline(members, MODEL, RUN, CFG, rtt=rtt)
+    assert near.stages[0].node_id == "near" and sum(s.n_layers for s in near.stages) == 10
+    assert near.stages[-1].node_id == "big"  # the largest capacity left takes the other end
+    # the nearest cannot head it (the embedding does not fit beside a layer): the next nearest does
+    model = ModelSpec(n_layers=10, layer_bytes=100, embed_bytes=350, head_bytes=0, kv_bytes_per_token=0)
+    members = [node("big", 9), node("mid", 8), node("near", 3)]
+    assert build_pipeline(members, model, RUN, CFG, rtt=rtt).stages[0].node_id == "mid"
+    plan = form_pipelines(members, model, RUN, CFG, rtt=rtt)
+    assert plan.pipelines[0].stages[0].node_id == "mid"

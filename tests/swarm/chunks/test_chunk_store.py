@@ -130,6 +130,10 @@ def test_batch_follows_the_peers_rate():
     assert next_batch(0.3e6, mib, 3.0, 8) == 1  # a slow, shared link: one chunk a request
     assert next_batch(2 * mib, mib, 3.0, 8) == 6
     assert next_batch(100e6, mib, 3.0, 8) == 8  # fast: capped
+    # a long link: at least 20 round trips' worth, past the cap (6.25 MB/s at 200 ms: 23 chunks)
+    assert next_batch(6.25e6, mib, 3.0, 8, rtt_s=0.2) == 23
+    assert next_batch(6.25e6, mib, 3.0, 8, rtt_s=0.01) == 8  # a LAN: the cap as before
+    assert next_batch(0.0, mib, 3.0, 8, rtt_s=0.2) == 1
 
 
 # ---------------------------------------------------------------- signing
