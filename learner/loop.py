@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import time
 import uuid
 from pathlib import Path
@@ -36,7 +37,7 @@ from learner.model_serve import start_model_serve
 from learner.models import load_tokenizer, resolve_model
 from learner.ledger import WorkLedger
 from learner.pipelines import pipeline_settings, stage_alive
-from learner.replay_llamacpp import build_replay
+from learner.replay_llamacpp import build_replay, replay_gguf
 from learner.report_to import build_sinks
 from learner.service import LearnerService, SamplingDefaults, ServiceSettings
 from learner.steps import StepContext, async_step, sequential_step
@@ -105,10 +106,12 @@ async def run_learner(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))
     console(f"learner: loading model {cfg.model.name!r} ...")
+    t_load = time.perf_counter()
     resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, cfg.model.cache_dir or None,
                                              cfg.model.revision)
     trainer = await trio.to_thread.run_sync(build_trainer, resolved, cfg)
-    console(f"learner: {trainer.describe()}")
+    console(f"learner: {trainer.describe()}; loaded in {time.perf_counter() - t_load:.0f} s, peak resident "
+            f"memory so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, resolved.hf_dir)
     task = run_task(cfg.task)
     episodes = episode_settings(cfg, task)  # None: single-turn run
@@ -139,11 +142,13 @@ async def run_learner(
         admission = build_admission(cfg.network, run_dir / "identity")
         access = ReadAccess(admission, nodes.__contains__,  # who may read a private run's content
                             issuer=TicketIssuer(host.private_key(), host.peer_id, run_id))  # members' tickets
-        model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, cfg.model.name,
+        model_serve = await start_model_serve(host, resolved.gguf_path or resolved.hf_dir, resolved.name,
                                               cache_root(cfg.model.cache_dir or None), access=access)
         console(f"learner: base model {cfg.model.name} sha256 {model_serve.content_sha256[:12]}")
         versions, ledger = AdapterVersions(), WorkLedger()
-        replay = build_replay(cfg, resolved.gguf_path, versions, nodes)  # exact checks (learner/replay.py)
+        gguf = resolved.gguf_path or await trio.to_thread.run_sync(  # an HF directory: the nodes' GGUF
+            replay_gguf, cfg, resolved.hf_dir, model_serve.content_sha256, cfg.model.cache_dir or None, console)
+        replay = build_replay(cfg, gguf, versions, nodes)  # exact checks (learner/replay.py)
         if replay is not None:
             await trio.to_thread.run_sync(replay.open)
         async with trio.open_nursery() as nursery:

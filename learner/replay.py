@@ -56,6 +56,11 @@ class ReplayConfig:
     max_kv_cells: int = 65536
     #: Largest declared thread count replayed (the replay runs the node's own count).
     max_threads: int = 64
+    #: For a run whose model is an HF directory: the GGUF form the learner replays llama.cpp
+    #: nodes with, as a node's ``--quant`` makes it (``keep``: F16, ``f16``, ``q8_0``, ``q4_1``).
+    #: The learner converts it once with the nodes' own code (on one machine it is the nodes'
+    #: cached copy); nodes that load another form keep the statistical check.
+    gguf_quant: str = "keep"
 
     def validate(self) -> None:
         if not (self.budget_s_per_step >= 0 and math.isfinite(self.budget_s_per_step)):
@@ -64,6 +69,8 @@ class ReplayConfig:
             raise ConfigError(f"replay.max_logprob_diff must be >= 0, got {self.max_logprob_diff}")
         if self.contexts < 1 or self.max_kv_cells < 1 or self.max_threads < 1:
             raise ConfigError("replay.contexts, replay.max_kv_cells and replay.max_threads must be >= 1")
+        if self.gguf_quant not in ("keep", "f16", "q8_0", "q4_1"):
+            raise ConfigError(f"replay.gguf_quant must be keep, f16, q8_0 or q4_1, got {self.gguf_quant!r}")
 
 
 @dataclass(frozen=True)
