@@ -21,6 +21,7 @@ from swarm.discovery.keys import check_run_name
 from swarm.nat.config import NatConfig
 from swarm.limits import LimitSettings
 from learner.replay import ReplayConfig
+from swarm.dissem.delta_rule import DeltaMode
 from learner.validator_desk import ValidatorConfig
 from learner.verify import VerifyConfig  # noqa: F401 (the [verify] section, beside its verifier)
 
@@ -400,14 +401,21 @@ class DissemConfig:
     stripes: int = 0
     #: Chunk size in bytes (the unit that is hashed, relayed and repaired).
     chunk_bytes: int = 256 * 1024
-    #: ``fp32`` (exact), ``fp16`` or ``int8`` (blockwise absmax); each followed by zstd.
-    codec: Literal["fp32", "fp16", "int8"] = "fp16"
-    #: Values per int8 quantisation block (one float32 scale each).
+    #: Codec of a whole version: ``fp32`` (exact), ``fp16``, ``int8`` or ``int4`` (blockwise
+    #: absmax); each followed by zstd.
+    codec: Literal["fp32", "fp16", "int8", "int4"] = "fp16"
+    #: Values per int8/int4 quantisation block (one float32 scale each).
     int8_block: int = 64
     #: zstd level of the payload.
     zstd_level: int = 3
-    #: Encode each version as the difference to the previous one (as nodes decoded it).
-    delta: bool = False
+    #: Send a version as the difference to the previous one (as nodes decoded it): ``"auto"``
+    #: where it pays, measured per version (at most half the bytes of the whole version, and
+    #: the adapter moved less than a quarter of its norm: ``swarm/dissem/delta_rule.py``),
+    #: ``true`` whenever possible, ``false`` never.
+    delta: DeltaMode = "auto"
+    #: Codec of a delta. A delta's blocks are small, so int4 keeps its error near that of a
+    #: whole fp16 version (``docs/benchmarks.md``, "Adapters that stay small").
+    delta_codec: Literal["fp32", "fp16", "int8", "int4"] = "int4"
     #: A push stream silent this long (s) is stalled and its chunks are fetched from peers.
     stall_timeout_s: float = 5.0
     #: A node waits this long (s) for a version to arrive by push before fetching it itself.

@@ -45,6 +45,7 @@ from common.lora import LoraAdapter
 from swarm.dissem.broadcast import BroadcastSettings, Disseminator, to_subtree
 from swarm.dissem.instructions import build_instructions, sign_instructions
 from swarm.dissem.codec import CodecConfig
+from swarm.dissem.delta_rule import encode_best
 from swarm.dissem.manifest import (
     LayerRange, build_version, decode_version, describe, normalise_ranges, range_of, sign_manifest,
 )
@@ -81,6 +82,8 @@ class LearnerDissem:
         self.reads = reads
         self.run_id = run_id
         self.codec = CodecConfig(cfg.codec, cfg.int8_block, cfg.zstd_level)
+        #: The codec of delta versions (``dissem.delta_codec``).
+        self.delta_codec = CodecConfig(cfg.delta_codec, cfg.int8_block, cfg.zstd_level)
         self.store = VersionStore(host.peer_id, run_id, keep=KEEP_VERSIONS)
         self.settings = BroadcastSettings(stall_timeout_s=cfg.stall_timeout_s)
         self.dis = Disseminator(host, self.store, self.settings, on_unreachable=self.drop,
@@ -222,40 +225,42 @@ class LearnerDissem:
         return held[1]
 
     # -- publishing -------------------------------------------------------------------------
-    def encode(self, adapter: LoraAdapter) -> tuple[Manifest, list[bytes], dict]:
-        """Encode and sign one version (CPU work: run it in a thread)."""
-        base = None
-        if self.cfg.delta and self._recon is not None and self._recon[0] < adapter.version:
-            base = self._recon
-        manifest, chunks = build_version(
+    def _build(self, adapter: LoraAdapter, tensors: dict, codec: CodecConfig, base: tuple[int, dict] | None,
+               layers: tuple[int, int] | None = None) -> tuple[Manifest, list[bytes]]:
+        return build_version(
             run_id=self.run_id, version=adapter.version, rank=adapter.rank, alpha=adapter.alpha,
-            target_modules=list(adapter.target_modules), tensors=adapter.tensors, codec=self.codec,
+            target_modules=list(adapter.target_modules), tensors=tensors, codec=codec,
             chunk_bytes=self.cfg.chunk_bytes, signer=self.host.peer_id,
-            base=base[1] if base else None, base_version=base[0] if base else -1,
+            base=base[1] if base else None, base_version=base[0] if base else -1, layers=layers,
         )
+
+    def encode(self, adapter: LoraAdapter) -> tuple[Manifest, list[bytes], dict]:
+        """Encode and sign one version, whole or as the delta to the previous one as the nodes
+        decoded it, as ``dissem.delta`` decides on the measured sizes (``swarm.dissem.delta_rule``;
+        CPU work: run it in a thread)."""
+        base = self._recon if self._recon is not None and self._recon[0] < adapter.version else None
+        manifest, chunks = encode_best(lambda codec, b: self._build(adapter, adapter.tensors, codec, b),
+                                       self.codec, self.delta_codec, base, self.cfg.delta, adapter.tensors)
         sign_manifest(manifest, self.host.private_key())
-        recon = decode_version(manifest, b"".join(chunks), base[1] if base else None)
+        delta = manifest.base_version >= 0
+        recon = decode_version(manifest, b"".join(chunks), base[1] if delta and base else None)
         return manifest, chunks, recon
 
-    def encode_range(self, adapter: LoraAdapter, rng: tuple[int, int]) -> tuple[Manifest, list[bytes]]:
-        """Encode and sign the manifest of ``rng``'s slice of ``adapter``: a delta to the
-        previous version's slice when the whole adapter is delta-encoded and that version had
-        a manifest for ``rng`` too (CPU work: run it in a thread)."""
+    def encode_range(self, adapter: LoraAdapter, rng: tuple[int, int], delta: bool) -> tuple[Manifest, list[bytes]]:
+        """Encode and sign the manifest of ``rng``'s slice of ``adapter``, as the whole version
+        was (``delta``: as a delta, when that version had a manifest for ``rng`` too; the codecs
+        work per tensor, so the slice decodes to exactly the whole version's tensors; CPU work)."""
         base = None
-        if self.cfg.delta and self._recon is not None and self._recon[0] < adapter.version \
-                and self._range_published.get(rng) == self._recon[0]:
+        if delta and self._recon is not None and self._range_published.get(rng) == self._recon[0]:
             base = (self._recon[0], slice_for_range(self._recon[1], *rng))
-        manifest, chunks = build_version(
-            run_id=self.run_id, version=adapter.version, rank=adapter.rank, alpha=adapter.alpha,
-            target_modules=list(adapter.target_modules), tensors=slice_for_range(adapter.tensors, *rng),
-            codec=self.codec, chunk_bytes=self.cfg.chunk_bytes, signer=self.host.peer_id,
-            base=base[1] if base else None, base_version=base[0] if base else -1, layers=rng,
-        )
+        manifest, chunks = self._build(adapter, slice_for_range(adapter.tensors, *rng),
+                                       self.delta_codec if base else self.codec, base, rng)
         return sign_manifest(manifest, self.host.private_key()), chunks
 
     def _encode_all(self, adapter: LoraAdapter, ranges: list[tuple[int, int]]):
         manifest, chunks, recon = self.encode(adapter)
-        return manifest, chunks, recon, {r: self.encode_range(adapter, r) for r in ranges}
+        delta = manifest.base_version >= 0
+        return manifest, chunks, recon, {r: self.encode_range(adapter, r, delta) for r in ranges}
 
     async def publish(self, adapter: LoraAdapter, members: list[str] | None = None) -> AdapterReply:
         """Encode, sign and start broadcasting ``adapter`` to ``members`` (default: all
