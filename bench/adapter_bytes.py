@@ -10,7 +10,8 @@ initial one. Each version is then encoded as the learner's dissemination would
 
 - ``full <codec>``: the whole version (``fp16``, ``int8``);
 - ``delta <codec>``: the difference to the previous version *as the nodes decoded it* (a chain
-  started from version 0 sent in full fp16), for ``fp16``, ``int8`` and ``int4``.
+  started from version 0 sent in full fp16), for ``fp16``, ``int8``, ``int4`` and ``int3``
+  (``--delta-block`` values per block for the integer codes).
 
 Printed per version: the bytes of each, and the largest error of the decoded tensors against
 the learner's exact ones (relative to the largest value of the same tensor) for each;
@@ -32,7 +33,7 @@ from pathlib import Path
 
 #: Codecs of the full versions and of the delta chains.
 FULL_CODECS = ("fp16", "int8")
-DELTA_CODECS = ("fp16", "int8", "int4")
+DELTA_CODECS = ("fp16", "int8", "int4", "int3")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group", type=int, default=4, help="completions per group")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--completion-len", type=int, default=32)
-    p.add_argument("--block", type=int, default=64, help="int8/int4 block size")
+    p.add_argument("--block", type=int, default=64, help="block size of full int8")
+    p.add_argument("--delta-block", type=int, default=None, help="block size of the deltas' integer codes "
+                   "(default: the learner's dissem.delta_block)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="learner config override, e.g. --set train.lr=1e-4 (repeatable)")
@@ -97,7 +100,7 @@ def train_versions(args) -> tuple[list[dict], dict]:
                       "rank": cfg.lora.rank, "step_s": step_s, "load_s": load_s}
 
 
-def measure(versions: list[dict], block: int = 64, zstd_level: int = 3) -> list[dict]:
+def measure(versions: list[dict], block: int = 64, zstd_level: int = 3, delta_block: int = 64) -> list[dict]:
     """Per version >= 1: compressed bytes of each full codec and each delta chain, and each
     chain's largest decoding error beside full fp16's (pure: numpy and zstd)."""
     import numpy as np
@@ -106,9 +109,10 @@ def measure(versions: list[dict], block: int = 64, zstd_level: int = 3) -> list[
     from swarm.dissem.delta_rule import relative_change
 
     def send(tensors, codec, base=None):
-        cfg = CodecConfig(codec, block, zstd_level)
+        b = delta_block if base is not None else block
+        cfg = CodecConfig(codec, b, zstd_level)
         specs, raw = encode_tensors(tensors, cfg, base)
-        return len(compress(raw, zstd_level)), decode_tensors(raw, specs, codec, block, base)
+        return len(compress(raw, zstd_level)), decode_tensors(raw, specs, codec, b, base)
 
     def max_err(got, want):
         """Largest error of any value, relative to the largest value of its tensor."""
@@ -205,10 +209,14 @@ def run(args) -> dict:
         versions, info = train_versions(args)
         if args.versions_out:
             save_versions(args.versions_out, versions, info)
-    rows = measure(versions, args.block)
+    if args.delta_block is None:
+        from learner.config import DissemConfig
+
+        args.delta_block = DissemConfig().delta_block
+    rows = measure(versions, args.block, delta_block=args.delta_block)
     s = summary(rows, info["adapter_params"])
     print_rows(rows, s)
-    result = {**info, "rows": rows, "summary": s, "load_avg": os.getloadavg()[0], "cpu_count": os.cpu_count()}
+    result = {**info, "block": args.block, "delta_block": args.delta_block, "rows": rows, "summary": s, "load_avg": os.getloadavg()[0], "cpu_count": os.cpu_count()}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return result

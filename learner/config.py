@@ -415,7 +415,9 @@ class DissemConfig:
     delta: DeltaMode = "auto"
     #: Codec of a delta. A delta's blocks are small, so int4 keeps its error near that of a
     #: whole fp16 version (``docs/benchmarks.md``, "Adapters that stay small").
-    delta_codec: Literal["fp32", "fp16", "int8", "int4"] = "int4"
+    delta_codec: Literal["fp32", "fp16", "int8", "int4", "int3"] = "int4"
+    #: Values per quantisation block of a delta (one float32 scale each).
+    delta_block: int = 64
     #: A push stream silent this long (s) is stalled and its chunks are fetched from peers.
     stall_timeout_s: float = 5.0
     #: A node waits this long (s) for a version to arrive by push before fetching it itself.

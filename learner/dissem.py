@@ -83,7 +83,7 @@ class LearnerDissem:
         self.run_id = run_id
         self.codec = CodecConfig(cfg.codec, cfg.int8_block, cfg.zstd_level)
         #: The codec of delta versions (``dissem.delta_codec``).
-        self.delta_codec = CodecConfig(cfg.delta_codec, cfg.int8_block, cfg.zstd_level)
+        self.delta_codec = CodecConfig(cfg.delta_codec, cfg.delta_block, cfg.zstd_level)
         self.store = VersionStore(host.peer_id, run_id, keep=KEEP_VERSIONS)
         self.settings = BroadcastSettings(stall_timeout_s=cfg.stall_timeout_s)
         self.dis = Disseminator(host, self.store, self.settings, on_unreachable=self.drop,
