@@ -413,9 +413,11 @@ class DissemConfig:
     #: the adapter moved less than a quarter of its norm: ``swarm/dissem/delta_rule.py``),
     #: ``true`` whenever possible, ``false`` never.
     delta: DeltaMode = "auto"
-    #: Codec of a delta. A delta's blocks are small, so int4 keeps its error near that of a
-    #: whole fp16 version (``docs/benchmarks.md``, "Adapters that stay small").
-    delta_codec: Literal["fp32", "fp16", "int8", "int4", "int3"] = "int4"
+    #: Codec of a delta. Its error is bounded by the *change* it carries (int3: a sixth of the
+    #: largest change in each block), and nodes decode against what they hold, so it never
+    #: accumulates; int3 deltas take about a fifth of a whole fp16 version, int4 about 0.28
+    #: (``docs/benchmarks.md``, "Adapters that stay small").
+    delta_codec: Literal["fp32", "fp16", "int8", "int4", "int3"] = "int3"
     #: Values per quantisation block of a delta (one float32 scale each).
     delta_block: int = 64
     #: A push stream silent this long (s) is stalled and its chunks are fetched from peers.

@@ -4,19 +4,19 @@ A delta (``swarm.dissem.codec``: the difference to the previous version as every
 it) is smaller only when versions move little, and it binds a node to the version before: a node
 that missed that one decodes the chain back from a version it holds (``node_agents.adapter_sync``)
 or, failing that, fetches the version whole from the learner. Its error is bounded by its codec
-on the *change* (int4: a fourteenth of the largest change in each block of 64 values), so it is
-small against one optimizer step, never against the weights themselves; a version that jumps
-(a restart from another adapter, a reset) must go out whole. So the learner encodes every
-version both ways and, per version:
+on the *change* (int3, the default ``dissem.delta_codec``: a sixth of the largest change in each
+block of 64 values; int4: a fourteenth), so it is small against one optimizer step, never against
+the weights themselves; a version that jumps (a restart from another adapter, a reset) must go
+out whole. So the learner encodes every version both ways and, per version:
 
 - ``mode = true``: a delta whenever there is a base (the previous version was published);
 - ``mode = false``: never;
 - ``mode = "auto"`` (the default): a delta when its compressed bytes are at most
   :data:`MAX_DELTA_RATIO` of the whole version's and the adapter moved less than
   :data:`MAX_MOVE` of its norm since the base (:func:`relative_change`). Measured with the
-  learner's defaults (``swarm-bench adapter-bytes``, ``docs/benchmarks.md``), int4 deltas take
-  about a fifth of a whole fp16 version from 135M to 1.5B parameters, and a step moves the
-  adapter by about 1% of its norm: ``auto`` sends deltas.
+  learner's defaults (``swarm-bench adapter-bytes``, ``docs/benchmarks.md``), int3 deltas take
+  about a fifth of a whole fp16 version (int4 0.28-0.30) from 135M to 4B parameters, and a
+  step moves the adapter by 2-5% of its norm: ``auto`` sends deltas.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def test_auto_sends_small_steps_as_deltas_and_jumps_whole(tmp_path):
             await learner.publish(dataclasses.replace(adapter(3, seed=9), version=3))  # unrelated: a jump
             m = {v: learner.store.get(v).manifest for v in (1, 2, 3)}
             assert (m[1].base_version, m[2].base_version, m[3].base_version) == (-1, 1, -1)
-            assert (m[1].codec, m[2].codec, m[3].codec) == ("fp16", "int4", "fp16")
+            assert (m[1].codec, m[2].codec, m[3].codec) == ("fp16", "int3", "fp16")
             assert m[2].total_bytes < MAX_DELTA_RATIO * m[1].total_bytes
     trio.run(body)
 
