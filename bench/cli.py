@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dashboard-overhead": ("bench.dashboard_bench", "the learner's step time with the live dashboard off and on (clients connected)"),
     "make-model": ("bench.make_model", "write a random-weight HF model of a supported family (llama3, qwen2, qwen3)"),
     "adapter-bytes": ("bench.adapter_bytes", "bytes per adapter version from real training steps: full fp16/int8 against delta chains, errors, missed versions"),
+    "scaling": ("bench.scaling", "135M/0.5B/1.5B: model, adapter, node, learner, replay, fetch, broadcast figures fitted against parameters; the capacity model at Qwen3-4B/8B/32B"),
     "learner": ("bench.learner_bench", "learner training tokens/s and peak memory by device, rank count and model size"),
     "load": ("bench.load", "many simulated nodes (real libp2p hosts) against one learner: leases/pushes per s, latency, memory"),
     "verify-cost": ("bench.verify_cost", "rollout verification's cost: per verified group, and the default demo with it on and off"),

@@ -169,8 +169,10 @@ async def one_trial(dissem, order, version, trial, timeout, LoraAdapter, DissemC
     from swarm.dissem.codec import CodecConfig
 
     dissem.codec = CodecConfig(dissem.cfg.codec, dissem.cfg.int8_block, dissem.cfg.zstd_level)
+    dissem.delta_codec = CodecConfig(dissem.cfg.delta_codec, dissem.cfg.delta_block, dissem.cfg.zstd_level)
     rank = int(trial.get("rank", 8))
-    tensors = await trio.to_thread.run_sync(lambda: lora_tensors(rank, seed=version))
+    dims = tuple(trial.get("dims") or DEFAULT_DIMS)
+    tensors = await trio.to_thread.run_sync(lambda: lora_tensors(rank, dims=dims, seed=version))
     adapter = LoraAdapter(version=version, rank=rank, alpha=2.0 * rank, target_modules=[], tensors=tensors)
     members = order[: int(trial["n"])]
     t_enc = time.perf_counter()
