@@ -131,9 +131,11 @@ class Coordinator:
         return sum(state in (PENDING, LEASED, HELD, COMPLETED) for state in self.ledger.values())
 
     # -- leases ----------------------------------------------------------------------------
-    def lease(self, peer_id: str, max_groups: int, now: float, limit: int | None = None) -> LeaseRecord | None:
+    def lease(self, peer_id: str, max_groups: int, now: float, limit: int | None = None,
+              timeout_s: Callable[[int], float] | None = None) -> LeaseRecord | None:
         """Take up to ``max_groups`` pending groups for ``peer_id``; ``None`` if none wait.
-        ``limit`` replaces ``groups_per_lease`` (a pipeline head's groups in flight)."""
+        ``limit`` replaces ``groups_per_lease`` (a pipeline head's groups in flight);
+        ``timeout_s(n_groups)`` replaces ``lease_timeout_s`` (``lease_rules.lease_timeout_s``)."""
         self.expire(now)
         held = sum(le.peer_id == peer_id for le in self.leases.values())
         n = self.probation.lease_size(peer_id, max(1, min(max_groups, self.groups_per_lease if limit is None else limit)),
@@ -161,7 +163,7 @@ class Coordinator:
             group_ids=taken,
             version=self.version,
             issued_at=now,
-            deadline=now + self.lease_timeout_s,
+            deadline=now + (timeout_s(len(taken)) if timeout_s is not None else self.lease_timeout_s),
             open_groups=set(taken),
         )
         for gid in taken:

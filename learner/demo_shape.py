@@ -36,9 +36,10 @@ from swarm.pipeline.allocate import RunSpec
 SHAPE_DEMO_SETTINGS = (
     "train.steps=2", "train.prompts_per_step=3", "train.group_size=4", "train.max_tokens=16",
     "train.checkpoint_every=1", "replay.gguf_quant=q4_1",
-    # a group of a 1.5B model on a loaded 2-core CPU can take minutes (lease_timeout_s 120 was
-    # sized for the 135M default)
-    "sync.lease_timeout_s=900", "sync.gate_timeout_s=900",
+    # the first step waits for all three to be ready: at these sizes a node converts, quantises,
+    # fetches and loads for minutes (leases last as long as each node's announced speed needs:
+    # learner.lease_rules.lease_timeout_s)
+    "sync.gate_timeout_s=900",
 )
 #: Stages of the torch pipeline.
 STAGES = 2

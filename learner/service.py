@@ -151,7 +151,8 @@ class LearnerService:
         self.pipelines = PipelineManager(s.group_size, s.sampling.max_tokens, s.pipeline, on_plan=self._plan_changed,
                                          links=dissem.link_snapshot if dissem is not None else None)
         self.desk = WorkDesk(coordinator, self.pipelines, LeaseGate(s.gate), self.changes, sampling=s.sampling,
-                             group_size=s.group_size, long_poll_s=s.long_poll_s, admission=admission, episode=episode)
+                             group_size=s.group_size, long_poll_s=s.long_poll_s, admission=admission, episode=episode,
+                             speed_of=lambda peer: self.nodes[peer].hello.tokens_per_s if peer in self.nodes else 0.0)
         #: Validator nodes for numerics the learner cannot replay (``learner/validator_desk.py``).
         self.validators = None if verifier is None or validators is None or not validators.enabled else ValidatorDesk(
             validators, s.sampling, classes=self.node_classes, untrust=self.untrust, wake=self.changes.notify)
