@@ -50,3 +50,22 @@ def test_a_whole_run_at_the_half_billion_shape(tmp_path):
             assert row["peak_bytes"] < 2 * row["weights_bytes"] + RUNTIME_ALLOWANCE, row
     loaded = re.search(r"peak resident memory so far ([0-9.]+) GiB", out)
     assert loaded and float(loaded.group(1)) * 2**30 < 2 * memory["weights"]["torch_fp32"], out[:3000]
+    # and it resumes: a fresh trainer on the same model takes the last checkpoint (step, version, adapter)
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from learner.checkpoint import load_state
+    from learner.config import LearnerConfig
+    from learner.models import resolve_model
+    from learner.trainer_build import build_trainer
+    from swarm.config import load_config
+
+    cfg = load_config(LearnerConfig, run / "config.toml")
+    trainer = build_trainer(resolve_model(cfg.model.name), cfg)
+    state = load_state(run, trainer)
+    assert (state.step, state.version) == (2, 2)
+    saved = load_file(str(run / "adapter" / "adapter_model.safetensors"))
+    got = trainer.export_adapter(state.version).tensors
+    for name, value in saved.items():
+        match = [k for k in got if k.replace(".default", "") == name or k == name]
+        assert match and np.array_equal(got[match[0]], value.astype(np.float32)), name
