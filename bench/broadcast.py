@@ -34,7 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", default="8,80", help="LoRA ranks (8 = the default adapter, 80 = 10x)")
     p.add_argument("--rate-mbit", type=float, default=100.0, help="per-host upload and download rate")
     p.add_argument("--queue-ms", type=float, default=100.0, help="tbf queue limit (ms) of every link")
-    p.add_argument("--codec", default="fp16", choices=["fp32", "fp16", "int8"], help="codec of the timed runs")
+    p.add_argument("--codec", default="fp16", help="codec(s) of the timed runs, comma-separated: fp32, fp16, int8, "
+                   "int4, int3 (each version goes out whole; an int3 version is about a delta's size)")
+    p.add_argument("--shape", default="default", help="LoRA shape of the adapter: default (SmolLM2-135M) or a model "
+                   "shape (qwen2.5-0.5b, qwen2.5-1.5b, qwen3-4b, ...; q and o projections taken as hidden x hidden)")
     p.add_argument("--fan-out", type=int, default=2)
     p.add_argument("--stripes", type=int, default=0, help="0 = fan-out")
     p.add_argument("--chunk-kib", type=int, default=256)
@@ -99,15 +102,36 @@ def codec_table() -> None:
             print(f"| {codec} | {len(raw) / 1e6:.2f} MB | {len(packed) / 1e6:.2f} MB | {len(packed) / n:.3f} | {dt:.2f} |")
 
 
+def lora_dims(shape: str) -> tuple[int, int, int, int]:
+    """(layers, hidden, ffn, kv width) of a model shape's LoRA (``default``: SmolLM2-135M)."""
+    from bench.relay_node import DEFAULT_DIMS
+    from common.random_model import SHAPES, shape_of
+
+    if shape == "default":
+        return DEFAULT_DIMS
+    family, size = shape_of(shape)
+    s = SHAPES[family][size]
+    head_dim = s.get("head_dim") or s["hidden_size"] // s["num_attention_heads"]
+    return s["num_hidden_layers"], s["hidden_size"], s["intermediate_size"], s["num_key_value_heads"] * head_dim
+
+
 def trials(args) -> list[dict]:
+    from swarm.dissem.codec import CODECS
+
+    codecs = [c.strip() for c in args.codec.split(",") if c.strip()]
+    bad = [c for c in codecs if c not in CODECS]
+    if bad or not codecs:
+        raise SystemExit(f"swarm-bench broadcast: unknown codec(s) {bad}; choose from {', '.join(CODECS)}")
+    dims = list(lora_dims(args.shape))
     out = []
     for rank in [int(x) for x in args.ranks.split(",")]:
         for n in [int(x) for x in args.nodes.split(",")]:
-            for mode in args.modes.split(","):
-                for rep in range(args.repeats):
-                    out.append({"mode": mode, "n": n, "rank": rank, "rep": rep, "codec": args.codec,
-                                "fan_out": args.fan_out, "stripes": args.stripes,
-                                "chunk_bytes": args.chunk_kib * 1024})
+            for codec in codecs:
+                for mode in args.modes.split(","):
+                    for rep in range(args.repeats):
+                        out.append({"mode": mode, "n": n, "rank": rank, "rep": rep, "codec": codec,
+                                    "fan_out": args.fan_out, "stripes": args.stripes, "dims": dims,
+                                    "chunk_bytes": args.chunk_kib * 1024, "delta": False})
     return out
 
 
@@ -171,19 +195,21 @@ def print_network(rows: list[dict], args) -> None:
     w = args.rate_mbit * 125_000
     best: dict[tuple, dict] = {}
     for r in rows:
-        key = (r["rank"], r["n"], r["mode"])
+        key = (r["rank"], r["codec"], r["n"], r["mode"])
         if r["ok"] and (key not in best or r["time_s"] < best[key]["time_s"]):
             best[key] = r
-    print(f"\n{args.rate_mbit:g} Mbit/s per host, codec {args.codec}, fan-out {args.fan_out}, "
+    print(f"\n{args.rate_mbit:g} Mbit/s per host, LoRA shape {args.shape}, fan-out {args.fan_out}, "
           f"chunk {args.chunk_kib} KiB; best of {args.repeats}")
-    print("| adapter | N | M (wire) | M/W s | star s | star / (M/W) | tree s | tree / (M/W) | tree depth | sim star s | sim tree s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for rank in sorted({k[0] for k in best}):
-        for n in sorted({k[1] for k in best if k[0] == rank}):
-            s, t = best.get((rank, n, "star")), best.get((rank, n, "tree"))
+    print("| adapter | codec | N | M (wire) | M/W s | star s | star / (M/W) | tree s | tree / (M/W) | tree depth | "
+          "sim star s | sim tree s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for rank, codec in sorted({k[:2] for k in best}):
+        for n in sorted({k[2] for k in best if k[:2] == (rank, codec)}):
+            s, t = best.get((rank, codec, n, "star")), best.get((rank, codec, n, "tree"))
             ref = s or t
             floor = ref["wire_bytes"] / w
-            cells = [f"r={rank} ({ref['params'] / 1e6:.1f} M)", str(n), f"{ref['wire_bytes'] / 1e6:.2f} MB", f"{floor:.2f}"]
+            cells = [f"r={rank} ({ref['params'] / 1e6:.1f} M)", codec, str(n), f"{ref['wire_bytes'] / 1e6:.2f} MB",
+                     f"{floor:.2f}"]
             for r in (s, t):
                 cells += [f"{r['time_s']:.2f}", f"{r['time_s'] / floor:.2f}"] if r else ["-", "-"]
             cells.append(str(t["depth"]) if t else "-")

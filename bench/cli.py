@@ -24,6 +24,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "model-fetch": ("bench.model_fetch", "base-model fetch by N nodes on emulated links: through peers vs from the learner alone"),
     "dashboard-overhead": ("bench.dashboard_bench", "the learner's step time with the live dashboard off and on (clients connected)"),
     "make-model": ("bench.make_model", "write a random-weight HF model of a supported family (llama3, qwen2, qwen3)"),
+    "adapter-bytes": ("bench.adapter_bytes", "bytes per adapter version from real training steps: full fp16/int8 against delta chains, errors, missed versions"),
+    "scaling": ("bench.scaling", "135M/0.5B/1.5B: model, adapter, node, learner, replay, fetch, broadcast figures fitted against parameters; the capacity model at Qwen3-4B/8B/32B"),
     "learner": ("bench.learner_bench", "learner training tokens/s and peak memory by device, rank count and model size"),
     "gpu-wheels": ("bench.gpu_wheels", "fetch the wheels gpu-check needs on a bare GPU machine (CPython 3.12) and check their size"),
     "gpu-check": ("bench.gpu_check", "the learner and the torch node on a GPU (CPU ratio, swarm run, torchrun) in one budgeted command"),

@@ -15,9 +15,9 @@ The trainer is the one ``swarm-learner launch`` runs: built by
 learner's defaults; ``--device``, ``--precision``, ``--micro-batch``, ``--grad-checkpointing``
 and ``--fsdp`` are shortcuts for its ``train`` fields, and ``--set train.X=...`` sets any other.
 
-Models: ``default`` (the embedded SmolLM2-135M), ``FAMILY-SIZE`` such as ``qwen2-0.5b`` or
-``qwen2-1.5b`` (random weights from :func:`bench.make_model.make_model`, generated once into the
-cache), or an HF directory. ``--node-backend`` also measures the torch node backend's
+Models: ``default`` (the embedded SmolLM2-135M), a shape name such as ``qwen2.5-0.5b``,
+``qwen2.5-1.5b``, ``qwen3-4b`` or ``FAMILY-SIZE`` (``qwen2-0.5b``; random weights,
+:func:`common.random_model.random_model_dir`, generated once into the cache), or an HF directory. ``--node-backend`` also measures the torch node backend's
 generation tokens/s (batched KV-cache decoding, LoRA installed) on the same device.
 """
 
@@ -51,7 +51,7 @@ TRAIN_FLAGS = (S("--device", "train.device"), S("--precision", "train.precision"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", action="append", default=None, metavar="MODEL",
-                        help="default, FAMILY-SIZE (qwen2-0.5b, qwen2-1.5b, llama3-1.5b, ...) or an HF directory; "
+                        help="default, a shape (qwen2.5-0.5b, qwen2.5-1.5b, qwen3-4b, qwen2-0.5b, ...) or an HF directory; "
                              "repeatable (default: default)")
     parser.add_argument("--ranks", default="1", help="comma-separated rank counts, e.g. 1,2 (default 1)")
     add_shortcuts(parser, LearnerConfig, TRAIN_FLAGS)
@@ -73,17 +73,13 @@ def resolve_bench_model(spec: str) -> Path:
     """An HF directory for ``spec`` (see the module docstring)."""
     if spec == "default" or Path(spec).expanduser().exists():
         return resolve_model(spec).hf_dir
-    family, _, size = spec.partition("-")
-    from bench.make_model import FAMILIES, SIZES, make_model
+    from common.random_model import random_model_dir, shape_of
 
-    if family not in FAMILIES or size not in SIZES:
-        raise SystemExit(f"swarm-bench learner: unknown model {spec!r} (default, an HF dir, or one of "
-                         f"{', '.join(f + '-' + s for f in FAMILIES for s in SIZES)})")
-    out = cache_root() / "bench-models" / f"{family}-{size}"
-    if not (out / "config.json").is_file():
-        print(f"swarm-bench learner: writing random {family} {size} to {out} ...", flush=True)
-        make_model(family, out, size, seed=0)
-    return out
+    try:
+        shape_of(spec)
+    except ValueError as e:
+        raise SystemExit(f"swarm-bench learner: {e}") from None
+    return random_model_dir(spec, console=lambda m: print(f"swarm-bench learner: {m}", flush=True))
 
 
 def run(args: argparse.Namespace) -> None:

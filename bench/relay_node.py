@@ -184,7 +184,8 @@ async def one_trial(dissem, order, version, trial, timeout, LoraAdapter, DissemC
     settings = {k: v for k, v in trial.items() if k in DissemConfig.__dataclass_fields__}
     dissem.reconfigure(DissemConfig(**settings))
     rank = int(trial.get("rank", 8))
-    tensors = await trio.to_thread.run_sync(lambda: lora_tensors(rank, seed=version))
+    dims = tuple(trial.get("dims") or DEFAULT_DIMS)
+    tensors = await trio.to_thread.run_sync(lambda: lora_tensors(rank, dims=dims, seed=version))
     adapter = LoraAdapter(version=version, rank=rank, alpha=2.0 * rank, target_modules=[], tensors=tensors)
     members = order[: int(trial["n"])]
     t_enc = time.perf_counter()

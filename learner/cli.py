@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--pipeline", action="store_true",
                     help="instead of --nodes/--backends: three torch nodes whose --max-memory caps are too small "
                          "for the model (the learner forms one 3-stage pipeline of them) and one llama.cpp node")
+    de.add_argument("--model-shape", default="", metavar="NAME",
+                    help="a whole run on a random-weight model of a released shape (qwen2.5-0.5b, qwen2.5-1.5b, "
+                         "qwen3-0.6b, ...; written once into the cache): 2 llama.cpp nodes (one fetches the model "
+                         "from the other), a 2-stage torch pipeline, peak memory per process")
     add_shortcuts(de, LearnerConfig, DEMO_FLAGS + TASK_FLAGS + REPORT_FLAGS)
     de.add_argument("--run-dir", type=Path, default=None, help="output directory (default runs/demo-<timestamp>)")
     add_overwrite_argument(de)
@@ -216,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval":
             return run_eval_command(args, validate(load_config(LearnerConfig, args.config, overrides)))
         overrides += shortcut_overrides(args, DEMO_FLAGS + DASHBOARD_FLAGS + REPORT_FLAGS)
+        if args.model_shape:
+            return shape_demo(args, overrides)
         cfg = validate(load_config(LearnerConfig, args.config, overrides))
         from learner.demo import run_demo, run_pipeline_demo  # trio, libp2p
 
@@ -256,6 +262,24 @@ def print_config(args: argparse.Namespace) -> int:
         return 0
     print(annotated_toml(load_config(LearnerConfig, args.config, args.overrides), flags=learner_flags()), end="")
     return 0
+
+
+def shape_demo(args, overrides: list[str]) -> int:
+    """``demo --model-shape NAME`` (``learner/demo_shape.py``): the model made once, then the run."""
+    from common.random_model import random_model_dir, shape_of
+
+    if args.pipeline or args.backends or args.node_threads:
+        raise ConfigError("--model-shape picks the nodes itself; leave out --pipeline, --backends and --node-threads")
+    try:
+        shape_of(args.model_shape)
+    except ValueError as e:
+        raise ConfigError(f"--model-shape: {e}") from None
+    from learner.demo_shape import run_shape_demo, shape_demo_overrides  # trio, libp2p
+
+    model_dir = random_model_dir(args.model_shape, console=lambda m: print(f"swarm-learner: {m}", flush=True))
+    cfg = validate(load_config(LearnerConfig, args.config, [*shape_demo_overrides(model_dir), *overrides]))
+    run_dir = prepare_run_dir(args.run_dir or _default_run_dir(f"demo-{args.model_shape}-"), False, args.overwrite)
+    return run_shape_demo(cfg, run_dir, args.model_shape)
 
 
 def validate(cfg: LearnerConfig) -> LearnerConfig:

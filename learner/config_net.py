@@ -118,14 +118,25 @@ class DissemConfig(Section):
     stripes: int = setting(0, ge=0)
     #: Chunk size in bytes (the unit that is hashed, relayed and repaired).
     chunk_bytes: int = setting(256 * 1024, ge=1)
-    #: ``fp32`` (exact), ``fp16`` or ``int8`` (blockwise absmax); each followed by zstd.
-    codec: Literal["fp32", "fp16", "int8"] = "fp16"
-    #: Values per int8 quantisation block (one float32 scale each).
+    #: Codec of a whole version: ``fp32`` (exact), ``fp16``, ``int8`` or ``int4`` (blockwise
+    #: absmax); each followed by zstd.
+    codec: Literal["fp32", "fp16", "int8", "int4"] = "fp16"
+    #: Values per int8/int4 quantisation block (one float32 scale each).
     int8_block: int = setting(64, ge=1, le=1 << 20)
     #: zstd level of the payload.
     zstd_level: int = setting(3, ge=1, le=22)
-    #: Encode each version as the difference to the previous one (as nodes decoded it).
-    delta: bool = False
+    #: Send a version as the difference to the previous one (as nodes decoded it): ``"auto"``
+    #: where it pays, measured per version (at most half the bytes of the whole version, and
+    #: the adapter moved less than a quarter of its norm: ``swarm/dissem/delta_rule.py``),
+    #: ``true`` whenever possible, ``false`` never.
+    delta: Literal["auto", True, False] = "auto"
+    #: Codec of a delta. Its error is bounded by the *change* it carries (int3: a sixth of the
+    #: largest change in each block), and nodes decode against what they hold, so it never
+    #: accumulates; int3 deltas take about a fifth of a whole fp16 version, int4 about 0.28
+    #: (``docs/benchmarks.md``, "Adapters that stay small").
+    delta_codec: Literal["fp32", "fp16", "int8", "int4", "int3"] = "int3"
+    #: Values per quantisation block of a delta (one float32 scale each).
+    delta_block: int = setting(64, ge=1, le=1 << 20)
     #: A push stream silent this long (s) is stalled and its chunks are fetched from peers.
     stall_timeout_s: float = setting(5.0, gt=0)
     #: A node waits this long (s) for a version to arrive by push before fetching it itself.

@@ -113,6 +113,11 @@ class ReplayConfig(Section):
     #: Largest declared thread count replayed (the replay runs the node's own count, charged to the
     #: budget for its measured time whatever the count).
     max_threads: int = setting(64, ge=1)
+    #: For a run whose model is an HF directory: the GGUF form the learner replays llama.cpp
+    #: nodes with. ``keep``: the one it serves them (``model.gguf_outtype``); ``f16``, ``q8_0`` or
+    #: ``q4_1``: as a node's ``--quant`` makes it, converted once with the nodes' own code (on one
+    #: machine it is the nodes' cached copy). Nodes that load another form get the draw check alone.
+    gguf_quant: Literal["keep", "f16", "q8_0", "q4_1"] = "keep"
 
 
 @dataclass(frozen=True)

@@ -150,9 +150,11 @@ class Coordinator:
         return [self._specs[g].problem_ref for g in self.ledger.open_groups()]
 
     # -- leases ----------------------------------------------------------------------------
-    def lease(self, peer_id: str, max_groups: int, now: float, limit: int | None = None) -> LeaseRecord | None:
+    def lease(self, peer_id: str, max_groups: int, now: float, limit: int | None = None,
+              timeout_s: Callable[[int], float] | None = None) -> LeaseRecord | None:
         """Take up to ``max_groups`` pending groups for ``peer_id``; ``None`` if none wait.
-        ``limit`` replaces ``groups_per_lease`` (a pipeline head's groups in flight)."""
+        ``limit`` replaces ``groups_per_lease`` (a pipeline head's groups in flight);
+        ``timeout_s(n_groups)`` replaces ``lease_timeout_s`` (``lease_rules.lease_timeout_s``)."""
         self.expire(now)
         held = self.ledger.leases_held(peer_id)
         n = self.probation.lease_size(peer_id, max(1, min(max_groups, self.groups_per_lease if limit is None else limit)),
@@ -166,7 +168,7 @@ class Coordinator:
         if not taken:
             return None
         lease = self.ledger.open_lease(f"L{next(self._ids)}", peer_id, taken, self.version, now,
-                                       now + self.lease_timeout_s)
+                                       now + (timeout_s(len(taken)) if timeout_s is not None else self.lease_timeout_s))
         if backup:
             for gid in taken:
                 self.notes.setdefault(gid, []).append(f"backup lease ({lease.lease_id})")

@@ -21,6 +21,7 @@ from learner.stage_requests import describe_pipelines
 from swarm.config import with_values
 from learner.run_log import append_line
 from learner.watch import EVAL_FILE, read_jsonl
+from learner.proc_peaks import PeakSampler
 from swarm.pipeline.allocate import RunSpec, end_costs
 
 #: Seconds a node gets to exit by itself after the run before it is terminated.
@@ -71,8 +72,11 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
 
 def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None,
              node_cpus: set[int] | None = None, extra_args: list[list[str]] | None = None,
-             on_learner=None, node_threads: list[int] | None = None) -> int:
+             on_learner=None, node_threads: list[int] | None = None, before_node=None,
+             peaks: "PeakSampler | None" = None) -> int:
     """``node_threads``: each node's CPU threads (default: the cores shared evenly).
+    ``before_node(i, service)``: awaited before node ``i`` starts (e.g. until an earlier node
+    holds the model). ``peaks``: samples every node process's (and its children's) peak memory.
     ``backends``: one node per entry with that backend (overrides ``n_nodes``); the learner
     then holds back the first lease until all of them wait for work, so each one contributes.
     ``node_cpus``: pin every node process to these CPUs (``os.sched_setaffinity`` right after
@@ -116,6 +120,8 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
             addrs = await nursery.start(lambda task_status: run_learner(
                 cfg, run_dir, on_service=on_service, task_status=task_status))
             for i in range(n_nodes):
+                if before_node is not None:
+                    await before_node(i, services[0])
                 backend = backends[i] if backends else None
                 name = f"node-{i}-{backend}" if backend else f"node-{i}"
                 log = open(run_dir / "nodes" / f"{name}.log", "w")
@@ -126,6 +132,8 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
                 if node_cpus:
                     os.sched_setaffinity(procs[-1].pid, node_cpus)
+                if peaks is not None:
+                    peaks.watch(name, procs[-1].pid)
             print(f"demo: started {n_nodes} node(s); their logs are in {run_dir / 'nodes'}", flush=True)
         return []
 
@@ -205,16 +213,16 @@ def summarise(run_dir: Path, total_s: float, node_backends: dict[str, str] | Non
     return 0
 
 
-def stage_cap_bytes(model, run, plan) -> int:
-    """A memory cap per stage node such that three capped nodes cover the model (weights and
-    the run's KV budget) and two do not, so the allocator forms one 3-stage pipeline. Pure:
-    ``model``/``run``/``plan`` are the allocator's ``ModelSpec``, ``RunSpec``, ``PlanConfig``."""
+def stage_cap_bytes(model, run, plan, stages: int = 3) -> int:
+    """A memory cap per stage node such that ``stages`` capped nodes cover the model (weights
+    and the run's KV budget) and one fewer do not, so the allocator forms one pipeline of
+    ``stages`` stages. Pure: ``model``/``run``/``plan`` are the allocator's ``ModelSpec``,
+    ``RunSpec``, ``PlanConfig``."""
     import math
-
 
     unit = model.layer_bytes + model.kv_bytes_per_token * run.group_size * run.max_tokens * run.in_flight
     need = model.n_layers + sum(end_costs(model, run))
-    layers = math.ceil(need / 3) + 1  # three of them cover `need`; two hold 2 * layers < need
+    layers = math.ceil(need / stages) + 1  # `stages` of them cover `need`; one fewer hold less
     return int(math.ceil((layers * unit + plan.reserve_bytes) / plan.usable_fraction)) + 1
 
 

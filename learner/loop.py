@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import time
 import uuid
 from pathlib import Path
@@ -36,7 +37,7 @@ from learner.model_serve import start_model_serve
 from learner.models import llamacpp_form, load_tokenizer, resolve_model
 from learner.ledger import WorkLedger
 from learner.stage_requests import stage_alive
-from learner.replay_llamacpp import build_replay
+from learner.replay_llamacpp import build_replay, replay_gguf
 from learner.roster import NodeRoster
 from learner.report_to import build_sinks
 from learner.run_log import run_log
@@ -138,13 +139,15 @@ async def _run_learner(cfg: LearnerConfig, run_dir: Path, resume: bool, console:
     name = run_name(cfg)
     (run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))
     console(f"learner: loading model {cfg.model.name!r} ...")
+    t_load = time.perf_counter()
     resolved = await trio.to_thread.run_sync(resolve_model, cfg.model.name, cfg.model.cache_dir or None,
                                              cfg.model.revision)
     # what llama.cpp nodes load, served beside an HF directory (converted once, cached)
     gguf = await trio.to_thread.run_sync(
         lambda: llamacpp_form(resolved, cfg.model.gguf_outtype, cfg.model.cache_dir or None, console))
     trainer = await trio.to_thread.run_sync(build_trainer, resolved, cfg)
-    console(f"learner: {trainer.describe()}")
+    console(f"learner: {trainer.describe()}; loaded in {time.perf_counter() - t_load:.0f} s, peak resident "
+            f"memory so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, resolved.hf_dir)
     task = run_task(cfg.task)
     episodes = episode_settings(cfg, task)  # None: single-turn run
@@ -190,7 +193,12 @@ async def _run_learner(cfg: LearnerConfig, run_dir: Path, resume: bool, console:
         ledger = WorkLedger()
         if verifier is not None:  # async groups of an older version: scored under its published adapter
             verifier.adapter_of = lambda v: versions.get(v).to_adapter().tensors if v in versions else None
-        replay = build_replay(cfg, resolved.gguf_path, versions, roster.numerics_of)  # exact checks (learner/replay.py)
+        # the GGUF llama.cpp nodes load, replayed exactly (learner/replay.py): the served one, or for an
+        # HF directory whose nodes quantise it (replay.gguf_quant), the same quantised form
+        replay_model = gguf if resolved.gguf_path is not None or cfg.replay.gguf_quant == "keep" else \
+            await trio.to_thread.run_sync(replay_gguf, cfg, resolved.hf_dir, model_serve.content_sha256,
+                                          cfg.model.cache_dir or None, console)
+        replay = build_replay(cfg, replay_model, versions, roster.numerics_of)
         if replay is not None:
             await trio.to_thread.run_sync(replay.open)
         async with trio.open_nursery() as nursery:

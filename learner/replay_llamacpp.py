@@ -176,3 +176,24 @@ def build_replay(cfg: LearnerConfig, gguf_path: str | Path | None, versions: Ada
     return LlamaCppReplay(cfg.replay, gguf_path, SamplingDefaults(t.temperature, t.top_p, t.max_tokens, t.seed),
                           numerics_of=numerics_of, adapter_of=lambda v: versions.get(v).to_adapter(),
                           first_published=lambda v: (r.to_adapter() if (r := versions.as_published(v)) else None))
+
+
+def replay_gguf(cfg, hf_dir: Path, content_sha256: str, cache_dir: Path | None, console=print) -> Path | None:
+    """The GGUF an HF-directory run's llama.cpp nodes load (``replay.gguf_quant``), made once by
+    the nodes' own conversion (``node_agents.model_fetch.for_backend``), for the exact replay;
+    None when replay or verification is off (blocking: run it in a thread)."""
+    from node_agents.model_fetch import ModelError, for_backend
+
+    if not (cfg.replay.enabled and cfg.verify.enabled):
+        return None
+    console(f"learner: the GGUF ({cfg.replay.gguf_quant}) llama.cpp nodes load, for exact replay "
+            "(converted once, cached) ...")
+    t0 = time.perf_counter()
+    try:
+        path = for_backend(Path(hf_dir), content_sha256, "llamacpp", cfg.replay.gguf_quant, cache_dir)
+    except ModelError as e:
+        console(f"learner: no GGUF for exact replay ({e}); llama.cpp nodes keep the statistical check")
+        return None
+    console(f"learner: replay GGUF {path.name} ({path.stat().st_size / 1e6:.0f} MB) ready in "
+            f"{time.perf_counter() - t0:.0f} s")
+    return path

@@ -257,6 +257,11 @@ class NodeRoster:
         """Member -> the generation backend it announced (``llamacpp``, ``torch``, ``mlx``)."""
         return {p: n.view.backend for p, n in self._nodes.items() if n.view.trusted}
 
+    def announced_speed(self, peer_id: str) -> float:
+        """The tokens/s ``peer_id``'s hello announced (0.0 for a peer not listed)."""
+        node = self._nodes.get(peer_id)
+        return node.view.announced_tokens_per_s if node is not None else 0.0
+
     def name_of(self, peer_id: str) -> str:
         """The name ``peer_id``'s hello gave (cleaned; "" for none or an unknown peer)."""
         node = self._nodes.get(peer_id)

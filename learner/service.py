@@ -168,7 +168,8 @@ class LearnerService:
                                JoinTerms(s.run_id, s.model_name, s.run_name, s.model_sha256),
                                admission=admission, model_serve=model_serve, dissem=dissem)
         self.desk = WorkDesk(coordinator, self.pipelines, LeaseGate(s.gate), self.changes, sampling=s.sampling,
-                             group_size=s.group_size, long_poll_s=s.long_poll_s, admission=admission, episode=episode)
+                             group_size=s.group_size, long_poll_s=s.long_poll_s, admission=admission, episode=episode,
+                             speed_of=self.roster.announced_speed)
         #: Validator nodes for numerics the learner cannot replay (``learner/validator_desk.py``).
         self.validators = None if verifier is None or validators is None or not validators.enabled else ValidatorDesk(
             validators, s.sampling, classes=self.roster.classes, untrust=self.untrust, wake=self.changes.notify)

@@ -30,6 +30,7 @@ from learner.coordinator import Coordinator
 from learner.episodes import EpisodeSettings
 from learner.group_ledger import LeaseRecord
 from learner.lease_gate import LeaseGate
+from learner.lease_rules import lease_timeout_s
 from learner.pipelines import PipelineManager
 from swarm.proto.stage import StageAssignment
 from swarm.proto.work import Lease, PromptGroup, Sampling, WorkReply, WorkRequest
@@ -48,7 +49,8 @@ class SamplingDefaults:
 class WorkDesk:
     def __init__(self, coordinator: Coordinator, pipelines: PipelineManager, gate: LeaseGate, changes: Changes, *,
                  sampling: SamplingDefaults, group_size: int, long_poll_s: float,
-                 admission: Admission | None = None, episode: EpisodeSettings | None = None) -> None:
+                 admission: Admission | None = None, episode: EpisodeSettings | None = None,
+                 speed_of: Callable[[str], float] | None = None) -> None:
         self.coordinator = coordinator
         self.pipelines = pipelines
         self.gate = gate
@@ -58,6 +60,9 @@ class WorkDesk:
         self.long_poll_s = long_poll_s
         self.admission = admission
         self.episode = episode
+        #: The tokens/s a peer announced (its leases last as long as that speed needs:
+        #: ``lease_rules.lease_timeout_s``); None: every lease lasts ``lease_timeout_s``.
+        self.speed_of = speed_of
         #: The run is over: every long poll answers ``done``.
         self.done = False
         #: Peers that have been told the run is over.
@@ -132,7 +137,12 @@ class WorkDesk:
             self.changes.notify()
         if closed:
             return None
-        record = coord.lease(peer_id, max_groups, trio.current_time(), limit=limit)
+        timeout = None
+        if self.speed_of is not None:
+            speed = self.speed_of(peer_id)
+            per_group = self.group_size * self.sampling.max_tokens
+            timeout = lambda n: lease_timeout_s(coord.lease_timeout_s, n * per_group, speed)  # noqa: E731
+        record = coord.lease(peer_id, max_groups, trio.current_time(), limit=limit, timeout_s=timeout)
         if record is None:
             return None
         self.changes.notify()

@@ -49,6 +49,9 @@ log = logging.getLogger("echo_swarm.node")
 
 #: Decoded versions kept as delta bases.
 KEEP_DECODED = 2
+#: Most versions a delta chain is followed back to one this node decoded (the learner keeps
+#: ``learner.dissem.KEEP_VERSIONS`` versions); beyond it the node fetches the version whole.
+MAX_DELTA_CHAIN = 4
 #: Deadline (s) of the small control requests to the learner.
 CONTROL_TIMEOUT_S = 10.0
 #: Tries of a completion report (each under ``CONTROL_TIMEOUT_S``).
@@ -211,20 +214,51 @@ class AdapterSync:
             log.warning("dissem: v%d did not arrive through the swarm (%s)", version, self.last_error)
             return None
         m = asm.manifest
-        base = self.decoded.get(m.base_version) if m.base_version >= 0 else None
-        if m.base_version >= 0 and base is None:
-            self.last_error = f"v{version} is a delta of v{m.base_version}, which this node never decoded"
+        tensors = None
+        with trio.move_on_after(self.wait_s):
+            tensors = await self._decode(asm, MAX_DELTA_CHAIN)
+        if tensors is None:
+            self.last_error = self.last_error or f"v{version}: its delta chain did not resolve in {self.wait_s:.0f} s"
             log.warning("dissem: %s", self.last_error)
             return None
+        return LoraAdapter(version=version, rank=m.rank, alpha=m.alpha,
+                           target_modules=list(m.target_modules), tensors=tensors)
+
+    async def _decode(self, asm: Assembly, depth: int) -> dict | None:
+        """The decoded tensors of a complete version. A delta needs its base as this node decoded
+        it: remembered, or decoded now from its chunks (pushed earlier and never needed, or fetched
+        from holders now), itself resolving its own base first, at most ``depth`` versions back
+        (a node that missed versions receives only the deltas since one it holds). None, with
+        ``last_error`` set, when a link of the chain cannot be had or does not decode."""
+        m = asm.manifest
+        base = None
+        if m.base_version >= 0:
+            base = self.decoded.get(m.base_version)
+            if base is None:
+                base_asm = await self._held(m.base_version) if depth > 1 else None
+                if base_asm is None:
+                    self.last_error = (f"v{m.version} is a delta of v{m.base_version}, which this node never "
+                                       f"decoded and cannot fetch{'' if depth > 1 else ' (chain too long)'}")
+                    return None
+                base = await self._decode(base_asm, depth - 1)
+                if base is None:
+                    return None
         try:
             tensors = await trio.to_thread.run_sync(decode_version, m, asm.payload(), base)
         except CodecError as e:
-            self.last_error = f"v{version} does not decode: {e}"
-            log.warning("dissem: %s", self.last_error)
+            self.last_error = f"v{m.version} does not decode: {e}"
             return None
-        self.remember(version, tensors)
-        return LoraAdapter(version=version, rank=m.rank, alpha=m.alpha,
-                           target_modules=list(m.target_modules), tensors=tensors)
+        self.remember(m.version, tensors)
+        return tensors
+
+    async def _held(self, version: int) -> Assembly | None:
+        """The complete chunks of ``version`` (this node's range): held, or fetched now."""
+        asm = self.store.get(version, self.layer_range)
+        if asm is None or not asm.complete.is_set():
+            asm = await self._fetch_missing(version)
+            if asm is not None:
+                await asm.complete.wait()
+        return asm
 
     def remember(self, version: int, tensors: dict) -> None:
         """Keep decoded tensors as a base for later deltas (also after a direct fetch)."""

@@ -286,6 +286,46 @@ def _run_child(argv: list[str]) -> None:
     convert_hf_to_gguf.main()
 
 
+#: ``--quant`` names -> llama.cpp's ``LLAMA_FTYPE_MOSTLY_*`` suffixes.
+QUANT_FTYPES = {"f16": "F16", "q8_0": "Q8_0", "q4_1": "Q4_1"}
+
+
+def quantize_child(src: Path, out: Path, quant: str, threads: int = 0, verbose: bool = True) -> Path:
+    """Quantise the GGUF ``src`` to ``quant`` with llama.cpp's quantiser in a child process
+    (``python -m node_agents.convert quantize``), passing on a progress line every
+    :data:`PROGRESS_EVERY_S`; written to ``out.tmp`` and renamed when complete."""
+    if quant not in QUANT_FTYPES:
+        raise ConversionError(f"unknown quantisation {quant!r}; choose one of {', '.join(QUANT_FTYPES)}")
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    cmd = [sys.executable, "-m", "node_agents.convert", "quantize", str(src), str(tmp), quant, str(threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    tail: list[str] = []
+    last = time.monotonic()
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        tail = (tail + [line.rstrip()])[-20:]
+        if verbose and line.lstrip().startswith("[") and time.monotonic() - last >= PROGRESS_EVERY_S:
+            last = time.monotonic()
+            print("quantize: " + line.strip()[:120], file=sys.stderr, flush=True)
+    if proc.wait() != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        raise ConversionError(f"llama.cpp could not quantise {src.name} to {quant} (exit {proc.returncode}):\n"
+                              + "\n".join(tail))
+    os.replace(tmp, out)
+    return out
+
+
+def _quantize(src: str, out: str, quant: str, threads: int) -> int:
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{QUANT_FTYPES[quant]}")
+    params.allow_requantize = True
+    params.nthread = threads
+    return int(llama_cpp.llama_model_quantize(src.encode(), out.encode(), params))
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -293,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "run":
         _run_child(argv[1:])
         return 0
+    if argv and argv[0] == "quantize" and len(argv) == 5:
+        return _quantize(argv[1], argv[2], argv[3], int(argv[4]))
     p = argparse.ArgumentParser(prog="python -m node_agents.convert",
                                 description="HF model directory -> GGUF with llama.cpp's own converter")
     p.add_argument("hf_dir", nargs="?", help="HF model directory (omit with --prepare)")

@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import shutil
 import sys
@@ -269,13 +270,24 @@ def _local_source(model: str) -> Path:
 # ---------------------------------------------------------------------- backend format
 def for_backend(source: Path, sha: str, backend: str, quant: str = "keep", cache_dir: Path | None = None) -> Path:
     """What to hand the backend: llama.cpp gets a GGUF at ``quant`` (converted or re-quantised
-    once, cached under ``<cache>/models/<sha>/``); torch and MLX get ``source`` (their loaders
-    convert and cache it: ``node_agents.models.resolve_for_backend``)."""
+    once, cached under ``<cache>/models/<sha>/``, under a lock: processes of one machine that
+    need the same form -- nodes, the learner's replayer -- convert it once and share it); torch
+    and MLX get ``source`` (their loaders convert and cache it: ``node_agents.models.resolve_for_backend``)."""
     if quant not in QUANTS:
         raise ModelError(f"unknown --quant {quant!r}; choose one of {', '.join(QUANTS)}")
     if backend != "llamacpp":
         return source
     out_dir = models_root(cache_dir) / sha
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".convert.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process converting the same model: wait, then reuse
+        try:
+            return _gguf_for(source, sha, quant, out_dir, cache_dir)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _gguf_for(source: Path, sha: str, quant: str, out_dir: Path, cache_dir: Path | None) -> Path:
     if source.is_dir():
         from node_agents.convert import converter_missing, hf_to_gguf
 
@@ -287,8 +299,7 @@ def for_backend(source: Path, sha: str, backend: str, quant: str = "keep", cache
         outtype = "f16" if quant in ("keep", "q4_1") else quant
         gguf = out_dir / f"gguf-{outtype}.gguf"
         if not gguf.is_file():
-            print(f"swarm-node: converting the model to GGUF ({outtype}) once ...", file=sys.stderr, flush=True)
-            out_dir.mkdir(parents=True, exist_ok=True)
+            print(f"model: converting the model to GGUF ({outtype}) once ...", file=sys.stderr, flush=True)
             try:
                 hf_to_gguf(source, gguf, outtype=outtype, cache_dir=cache_dir)
             except (OSError, ValueError, RuntimeError) as e:
@@ -300,27 +311,23 @@ def for_backend(source: Path, sha: str, backend: str, quant: str = "keep", cache
         return source
     out = out_dir / f"gguf-{quant}-from-{short(sha)}.gguf"
     if not out.is_file():
-        print(f"swarm-node: quantising the model to {quant} once ...", file=sys.stderr, flush=True)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        print(f"model: quantising the model to {quant} once ({source.stat().st_size / 1e6:.0f} MB) ...",
+              file=sys.stderr, flush=True)
+        t0 = time.monotonic()
         quantize_gguf(source, out, quant)
+        print(f"model: quantised to {quant} in {time.monotonic() - t0:.0f} s ({out.stat().st_size / 1e6:.0f} MB)",
+              file=sys.stderr, flush=True)
     return out
 
 
 def quantize_gguf(src: Path, out: Path, quant: str, threads: int = 0) -> Path:
-    """llama.cpp's ``llama_model_quantize`` to ``quant`` (re-quantising a quantised GGUF),
-    written to a temporary name and renamed when done."""
-    import llama_cpp
+    """llama.cpp's ``llama_model_quantize`` to ``quant`` (re-quantising a quantised GGUF), in a
+    child process (``node_agents.convert quantize``: the source's pages never count in this
+    process's memory), written to a temporary name and renamed when done."""
+    from node_agents.convert import ConversionError, quantize_child
 
-    ftypes = {"f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
-              "q4_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1}
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftypes[quant]
-    params.allow_requantize = True
-    params.nthread = threads
-    tmp = out.with_name(out.name + ".tmp")
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
-    if rc != 0 or not tmp.is_file():
-        tmp.unlink(missing_ok=True)
-        raise ModelError(f"llama.cpp could not quantise {src.name} to {quant} (code {rc})")
-    tmp.rename(out)
+    try:
+        quantize_child(src, out, quant, threads)
+    except ConversionError as e:
+        raise ModelError(str(e)) from e
     return out

@@ -125,30 +125,49 @@ class TorchStage:
         return mods
 
     def _load(self, skeleton, tdtype) -> None:
+        """Fill the kept modules tensor by tensor: each tensor is read (its file opened for it
+        alone, so no mapping of the file outlives it), copied into its parameter in place and
+        dropped, so the peak is the stage's weights plus one tensor, not a second copy."""
         from safetensors import safe_open
 
         torch = self._torch
         mods = self._kept_modules(skeleton)
         for mod in mods.values():
             mod.to_empty(device=self.device)
-        wanted: dict[str, dict[str, object]] = {prefix: {} for prefix in mods}
         tied = self.last and "lm_head.weight" not in self._all_keys()
-        for path in _weight_files(self.model_dir):
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for key in f.keys():
-                    for prefix in mods:
-                        if key.startswith(prefix):
-                            wanted[prefix][key[len(prefix):]] = f.get_tensor(key)
-                    if tied and key == "model.embed_tokens.weight":
-                        wanted["lm_head."]["weight"] = f.get_tensor(key)
+        filled: dict[str, set[str]] = {prefix: set() for prefix in mods}
         with torch.no_grad():
-            for prefix, mod in mods.items():
-                state = {k: v.to(device=self.device, dtype=tdtype) for k, v in wanted[prefix].items()}
-                missing, unexpected = mod.load_state_dict(state, strict=False, assign=False)
-                missing = [m for m in missing if not m.endswith("inv_freq")]
-                if missing or unexpected:
-                    raise ValueError(f"weights for {prefix} do not fit: missing {missing[:3]}, "
-                                     f"unexpected {unexpected[:3]}")
+            for path in _weight_files(self.model_dir):
+                with safe_open(str(path), framework="pt", device="cpu") as f:
+                    keys = list(f.keys())
+                for key in keys:
+                    targets = [(prefix, key[len(prefix):]) for prefix in mods if key.startswith(prefix)]
+                    if tied and key == "model.embed_tokens.weight":
+                        targets.append(("lm_head.", "weight"))
+                    if not targets:
+                        continue
+                    with safe_open(str(path), framework="pt", device="cpu") as f:
+                        tensor = f.get_tensor(key)
+                    for prefix, name in targets:
+                        try:
+                            dest = mods[prefix].get_parameter(name)
+                        except AttributeError:
+                            try:
+                                dest = mods[prefix].get_buffer(name)
+                            except AttributeError:
+                                raise ValueError(f"weights for {prefix} do not fit: unexpected {name}") from None
+                        if tuple(dest.shape) != tuple(tensor.shape):
+                            raise ValueError(f"weights for {prefix} do not fit: {name} is {tuple(tensor.shape)}, "
+                                             f"the model wants {tuple(dest.shape)}")
+                        dest.copy_(tensor)
+                        filled[prefix].add(name)
+                    del tensor
+        for prefix, mod in mods.items():
+            persistent = {n for n, _ in mod.named_parameters()} | {n for n, b in mod.named_buffers()
+                                                                   if not n.endswith("inv_freq")}
+            missing = sorted(persistent - filled[prefix])
+            if missing:
+                raise ValueError(f"weights for {prefix} do not fit: missing {missing[:3]}")
         self.weight_bytes = sum(p.numel() * p.element_size() for m in {id(m): m for m in mods.values()}.values()
                                 for p in m.parameters())
 

@@ -13,6 +13,12 @@ codec      bytes per parameter     error of a decoded value x' against x
 ``int8``   1 + 4 / B               ``|x' - x| <= absmax(block) / 254`` (blockwise absmax:
            (B = 64: 1.0625)        one float32 scale ``absmax / 127`` per block of B
                                    consecutive values, values rounded to int8)
+``int4``   1/2 + 4 / B             ``|x' - x| <= absmax(block) / 14`` (as int8 with 15
+           (B = 64: 0.5625)        levels -7..7, two values per byte, the even one in the
+                                   low nibble; meant for deltas, whose blocks are small)
+``int3``   1/2 + 4 / B             ``|x' - x| <= absmax(block) / 6`` (as int4 with 7 levels
+                                   -3..3; zstd's entropy coding takes the byte to about
+                                   5 bits; for deltas only)
 =========  ======================  =====================================================
 
 zstd shrinks these further (measured figures in ``docs/benchmarks.md``).
@@ -37,7 +43,11 @@ from typing import Mapping
 import numpy as np
 import zstandard
 
-CODECS = ("fp32", "fp16", "int8")
+CODECS = ("fp32", "fp16", "int8", "int4", "int3")
+#: Largest magnitude of a blockwise integer code: int8 uses -127..127, int4 -7..7, int3 -3..3.
+INT_LEVELS = {"int8": 127, "int4": 7, "int3": 3}
+#: Codes packed two per byte.
+NIBBLE_CODECS = ("int4", "int3")
 #: Largest magnitude a float16 holds.
 FP16_MAX = 65504.0
 #: Relative and absolute parts of the fp16 error bound (round to nearest, subnormal step 2**-24).
@@ -51,7 +61,7 @@ class CodecError(ValueError):
 
 @dataclass
 class CodecConfig:
-    #: ``fp32`` (exact), ``fp16`` or ``int8`` (blockwise absmax); all followed by zstd.
+    #: ``fp32`` (exact), ``fp16``, ``int8`` or ``int4`` (blockwise absmax); all followed by zstd.
     codec: str = "int8"
     #: Values per int8 quantisation block (each block stores one float32 scale).
     block_size: int = 64
@@ -69,7 +79,8 @@ class CodecConfig:
 
 def bytes_per_param(codec: str, block_size: int = 64) -> float:
     """Encoded size per parameter before zstd."""
-    return {"fp32": 4.0, "fp16": 2.0, "int8": 1.0 + 4.0 / block_size}[codec]
+    return {"fp32": 4.0, "fp16": 2.0, "int8": 1.0 + 4.0 / block_size, "int4": 0.5 + 4.0 / block_size,
+            "int3": 0.5 + 4.0 / block_size}[codec]
 
 
 def encoded_size(codec: str, n: int, block_size: int) -> int:
@@ -78,6 +89,8 @@ def encoded_size(codec: str, n: int, block_size: int) -> int:
         return 4 * n
     if codec == "fp16":
         return 2 * n
+    if codec in NIBBLE_CODECS:
+        return 4 * (-(-n // block_size)) + (n + 1) // 2
     return 4 * (-(-n // block_size)) + n
 
 
@@ -93,7 +106,8 @@ def error_bound(codec: str, x: np.ndarray, block_size: int = 64, base: np.ndarra
         return FP16_REL_ERR * np.abs(x) + FP16_ABS_ERR + extra
     absmax = _block_absmax(x, block_size)
     # Half a quantisation step, plus float32 rounding of the scale and of the product.
-    return np.repeat(absmax / 254.0 * (1 + 1e-5) + 1e-12, block_size)[: x.size] + extra
+    half_step = absmax / (2.0 * INT_LEVELS[codec])
+    return np.repeat(half_step * (1 + 1e-5) + 1e-12, block_size)[: x.size] + extra
 
 
 def _block_absmax(x: np.ndarray, block_size: int) -> np.ndarray:
@@ -111,13 +125,33 @@ def _encode_one(codec: str, x: np.ndarray, block_size: int, name: str) -> bytes:
         if x.size and float(np.abs(x).max()) > FP16_MAX:
             raise CodecError(f"tensor {name}: values beyond the fp16 range; use fp32 or int8")
         return x.astype("<f2").tobytes()
+    levels = INT_LEVELS[codec]
     absmax = _block_absmax(x, block_size)
-    scale = (absmax / np.float32(127.0)).astype(np.float32)
+    scale = (absmax / np.float32(levels)).astype(np.float32)
     pad = (-x.size) % block_size
     blocks = np.pad(x, (0, pad)).reshape(-1, block_size)
     safe = np.where(scale > 0, scale, np.float32(1.0))[:, None]
-    q = np.clip(np.rint(blocks / safe), -127, 127).astype(np.int8).ravel()[: x.size]
+    q = np.clip(np.rint(blocks / safe), -levels, levels).astype(np.int8).ravel()[: x.size]
+    if codec in NIBBLE_CODECS:
+        return scale.astype("<f4").tobytes() + _pack_nibbles(q)
     return scale.astype("<f4").tobytes() + q.tobytes()
+
+
+def _pack_nibbles(q: np.ndarray) -> bytes:
+    """Values in -7..7, two per byte (offset by 8; the even index in the low nibble)."""
+    u = (q.astype(np.int16) + 8).astype(np.uint8)
+    if u.size % 2:
+        u = np.append(u, np.uint8(8))
+    return (u[0::2] | (u[1::2] << 4)).astype(np.uint8).tobytes()
+
+
+def _unpack_nibbles(data: bytes, n: int, levels: int = 7) -> np.ndarray:
+    b = np.frombuffer(data, dtype=np.uint8)
+    out = np.empty(2 * b.size, dtype=np.int16) if b.size else np.zeros(0, np.int16)
+    out[0::2], out[1::2] = b & 0x0F, b >> 4
+    if (np.abs(out - 8) > levels).any():  # e.g. nibble 0 = -8: outside every code
+        raise CodecError(f"nibble payload holds a value outside -{levels}..{levels}")
+    return (out[:n] - 8).astype(np.float32)
 
 
 def _decode_one(codec: str, data: bytes, n: int, block_size: int) -> np.ndarray:
@@ -127,7 +161,10 @@ def _decode_one(codec: str, data: bytes, n: int, block_size: int) -> np.ndarray:
         return np.frombuffer(data, dtype="<f2").astype(np.float32)
     n_blocks = -(-n // block_size)
     scale = np.frombuffer(data[: 4 * n_blocks], dtype="<f4").astype(np.float32)
-    q = np.frombuffer(data[4 * n_blocks:], dtype=np.int8).astype(np.float32)
+    if codec in NIBBLE_CODECS:
+        q = _unpack_nibbles(data[4 * n_blocks:], n, INT_LEVELS[codec])
+    else:
+        q = np.frombuffer(data[4 * n_blocks:], dtype=np.int8).astype(np.float32)
     pad = n_blocks * block_size - n
     out = (np.pad(q, (0, pad)).reshape(n_blocks, block_size) * scale[:, None]).ravel()[:n]
     if not np.isfinite(out).all():

@@ -187,3 +187,25 @@ def test_idle_strangers_are_forgotten_and_idle_contributors_keep_only_their_figu
         assert svc.roster.statistics().forgotten == 50
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_lease_lasts_as_long_as_the_node_needs_within_a_cap():
+    from learner.lease_rules import LEASE_CAP, LEASE_SLACK, lease_timeout_s
+
+    assert lease_timeout_s(120.0, 512, 100.0) == 120.0  # fast: the configured timeout
+    assert lease_timeout_s(120.0, 512, 2.0) == LEASE_SLACK * 256.0  # a 1.5B model on a CPU: minutes
+    assert lease_timeout_s(120.0, 512, 0.01) == LEASE_CAP * 120.0  # claims to be very slow: capped
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        assert lease_timeout_s(120.0, 512, bad) == 120.0
+    assert lease_timeout_s(120.0, 0, 1.0) == 120.0
+
+
+def test_the_coordinator_takes_the_lease_timeout_it_is_given():
+    from learner.coordinator import Coordinator, Limits
+    from learner.coordinator import GroupSpec
+
+    c = Coordinator(Limits(group_size=2, max_tokens=8, vocab_size=100), lease_timeout_s=30.0, groups_per_lease=2)
+    c.add_groups([GroupSpec(f"g{i}", [1, 2], str(i)) for i in range(4)])
+    a = c.lease("p", 2, now=0.0)
+    b = c.lease("q", 2, now=0.0, timeout_s=lambda n: 100.0 * n)
+    assert a.deadline == 30.0 and b.deadline == 100.0 * len(b.group_ids)

@@ -26,14 +26,15 @@ def roundtrip(tensors, cfg, base=None):
     return specs, raw, decode_tensors(decompress(compress(raw), len(raw)), specs, cfg.codec, cfg.block_size, base)
 
 
-@pytest.mark.parametrize("codec,block", [("fp32", 64), ("fp16", 64), ("int8", 64), ("int8", 16), ("int8", 1000)])
+@pytest.mark.parametrize("codec,block", [("fp32", 64), ("fp16", 64), ("int8", 64), ("int8", 16), ("int8", 1000),
+                                         ("int4", 64), ("int4", 7)])
 def test_codec_roundtrip_within_stated_error(codec, block):
     tensors = lora_like()
     cfg = CodecConfig(codec, block)
     specs, raw, out = roundtrip(tensors, cfg)
     assert [n for n, _ in specs] == sorted(tensors)
     n_params = sum(t.size for t in tensors.values())
-    if codec != "int8":
+    if codec not in ("int8", "int4"):
         assert len(raw) == bytes_per_param(codec) * n_params
     for name, x in tensors.items():
         assert out[name].dtype == np.float32 and out[name].shape == x.shape
@@ -41,7 +42,7 @@ def test_codec_roundtrip_within_stated_error(codec, block):
         assert (err <= error_bound(codec, x, block)).all(), name
         if codec == "fp32":
             assert np.array_equal(out[name], x)
-    if codec == "int8":  # the bound is attained up to about half a step: it is not vacuous
+    if codec in ("int8", "int4"):  # the bound is attained up to about half a step: it is not vacuous
         x = tensors["m.0.q_proj.lora_A.weight"]
         worst = (np.abs(out["m.0.q_proj.lora_A.weight"] - x).ravel() / error_bound(codec, x, block)).max()
         assert worst > 0.5
@@ -51,6 +52,18 @@ def test_int8_size_per_param():
     tensors = {"a": np.ones(6400, np.float32)}
     _, raw = encode_tensors(tensors, CodecConfig("int8", 64))
     assert len(raw) == 6400 * bytes_per_param("int8", 64) == 6800
+    _, raw = encode_tensors(tensors, CodecConfig("int4", 64))
+    assert len(raw) == 6400 * bytes_per_param("int4", 64) == 3600
+    _, raw = encode_tensors({"a": np.ones(65, np.float32)}, CodecConfig("int4", 64))
+    assert len(raw) == 2 * 4 + 33  # two scales, 65 nibbles in 33 bytes
+
+
+def test_int4_rejects_a_nibble_outside_its_code():
+    specs, raw = encode_tensors({"a": np.linspace(-1, 1, 10, dtype=np.float32)}, CodecConfig("int4", 64))
+    assert decode_tensors(raw, specs, "int4", 64)["a"][0] == -1.0
+    bad = raw[:4] + bytes([raw[4] & 0xF0]) + raw[5:]  # value 0 - 8 = -8: not a code
+    with pytest.raises(CodecError, match="outside"):
+        decode_tensors(bad, specs, "int4", 64)
 
 
 def test_delta_against_decoded_base_does_not_accumulate_error():
@@ -91,4 +104,4 @@ def test_bad_payloads_rejected():
     with pytest.raises(CodecError):
         decompress(b"not zstd at all", 10)
     with pytest.raises(CodecError):
-        CodecConfig("int4")
+        CodecConfig("int2")
