@@ -14,7 +14,7 @@ from swarm.config import Section, setting
 
 def check_draw_tolerance(table: dict[str, list[float]]) -> None:
     """``verify.draw_tolerance``: ``class@precision`` -> ``[eps, allowed]`` (:func:`learner.verify.draw_overrides`)."""
-    from learner.verify import draw_overrides  # numpy; the draw check's classes
+    from learner.draw_check import draw_overrides  # numpy; the draw check's classes
 
     try:
         draw_overrides(table)

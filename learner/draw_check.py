@@ -29,7 +29,7 @@ forward (:func:`learner.forward.token_rows`) and :mod:`learner.step_check` judge
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -195,3 +195,15 @@ def _worst(distances: Sequence[np.ndarray]) -> str:
         if d.size and float(d.max()) > best[0]:
             best = (float(d.max()), j, int(d.argmax()))
     return f"{best[0]:.3f} at completion {best[1]} token {best[2]}"
+
+
+def draw_overrides(table: Mapping[str, Any]) -> dict[str, DrawTolerance]:
+    """``verify.draw_tolerance`` as tolerances (``class@precision`` -> ``[eps, allowed]``)."""
+    out = {}
+    for key, value in dict(table or {}).items():
+        cls, _, prec = str(key).partition("@")
+        if cls not in CLASSES or prec not in PRECISIONS:
+            raise ValueError(f"{key!r}: want class@precision, class one of {CLASSES}, precision one of {PRECISIONS}")
+        eps, allowed = (list(value) + [0])[:2] if isinstance(value, (list, tuple)) else (value, 0)
+        out[key] = DrawTolerance(float(eps), int(allowed))
+    return out

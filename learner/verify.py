@@ -40,7 +40,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from learner.draw_check import CLASSES, PRECISIONS, DrawTolerance, completion_uniforms, judge_draw, tolerance_for
+from learner.draw_check import (CLASSES, PRECISIONS, DrawTolerance, completion_uniforms, draw_overrides,  # noqa: F401
+                                 judge_draw, tolerance_for)
 from learner.verify_stats import GroupStats, Scored, group_stats, judge, wants_check  # noqa: F401 (re-exported)
 from learner.config_verify import VerifyConfig
 from swarm.proto.work import group_seed
@@ -52,17 +53,6 @@ log = logging.getLogger("echo_swarm.learner")
 #: longer kept): not a failure of the node, but not checked either, so not trained.
 SKIPPED = "skipped: its adapter version is no longer kept"
 
-
-def draw_overrides(table: Mapping[str, Any]) -> dict[str, DrawTolerance]:
-    """``verify.draw_tolerance`` as tolerances (``class@precision`` -> ``[eps, allowed]``)."""
-    out = {}
-    for key, value in dict(table or {}).items():
-        cls, _, prec = str(key).partition("@")
-        if cls not in CLASSES or prec not in PRECISIONS:
-            raise ValueError(f"{key!r}: want class@precision, class one of {CLASSES}, precision one of {PRECISIONS}")
-        eps, allowed = (list(value) + [0])[:2] if isinstance(value, (list, tuple)) else (value, 0)
-        out[key] = DrawTolerance(float(eps), int(allowed))
-    return out
 
 @dataclass(frozen=True)
 class GroupToCheck:
