@@ -5,10 +5,11 @@ them, and what a step costs against the same GPU generating and training by itse
 Every input is either measured by this project or a published figure named in :data:`SOURCES`;
 the rest is an assumption and says so (``docs/benchmarks.md`` lists them with the numbers).
 
-- **Learner**: one H200 (bf16 base, LoRA r=8 on all seven projections). Measured here on a
-  random-weight Qwen3-4B (``swarm-bench learner --model qwen3-4b --device cuda --prompts 8
-  --group 8 --prompt-len 256 --completion-len 512``): 4.55 s per step of 64 rollouts of 256 + 512
-  tokens, 43 GiB peak. Other sizes: step time in proportion to parameters (assumption).
+- **Learner**: one H200 (bf16 base, LoRA r=8 on all seven projections). *Not measured*: no GPU
+  has run this project's trainer yet (``swarm-bench gpu-check`` measures it where one is lent).
+  Its step time is an assumption from arithmetic: a LoRA step costs about 6 x parameters x
+  tokens FLOPs (forward, and backward through the activations), at :data:`ASSUMED_MFU` of the
+  H200's dense bf16 peak (:data:`H200_BF16_FLOPS`), for 64 rollouts of 256 + 512 tokens.
 - **Nodes**: llama.cpp on Q4_K_M weights (0.61 bytes per parameter: assumption from Q4_K_M's
   block layout). A single sequence decodes at an effective memory bandwidth over the bytes of
   the weights, calibrated on published RTX 3090 figures (:data:`CALIBRATION`) and taken in
@@ -62,9 +63,19 @@ DEVICES = (
     Device("Apple M3 Max (llama.cpp Metal, volunteer)", 400e9, 0.0, "apple"),
 )
 LEARNER = Device("H200", 4.8e12, 6.35, "gpu")
-#: Measured on an H200 (see the module docstring): Qwen3-4B, 64 rollouts of 256 + 512 tokens.
-LEARNER_STEP_4B_S, LEARNER_TOKENS, LEARNER_PEAK_GIB = 4.548, 8 * 8 * 768, 43.24
 PROMPTS, GROUP, COMPLETION = 8, 8, 512
+#: Tokens a learner step trains (prompts x group x (256 prompt + completion tokens)).
+LEARNER_TOKENS = PROMPTS * GROUP * (256 + COMPLETION)
+#: The H200's dense bf16 peak (FLOP/s, NVIDIA's published figure) and the fraction of it a LoRA
+#: step is assumed to reach (assumption: not measured on a GPU by this project).
+H200_BF16_FLOPS = 989e12
+ASSUMED_MFU = 0.3
+
+
+def assumed_learner_step_s(params: float, tokens: int = LEARNER_TOKENS) -> float:
+    """The learner's step time on one H200 by arithmetic (see the module docstring): an
+    assumption until ``swarm-bench gpu-check`` has measured it."""
+    return 6.0 * params * tokens / (ASSUMED_MFU * H200_BF16_FLOPS)
 NODE_DOWN, NODE_UP, LEARNER_UP = 100e6 / 8, 10e6 / 8, 1e9 / 8
 TARGETS = ("qwen3-4b", "qwen3-8b", "qwen3-32b")
 
@@ -104,14 +115,13 @@ def extrapolate(fits: dict, res: dict, staleness=(0, 1, 2, 4, 6), target_util: f
     head = ["model (params, LoRA r=8)", "MB per version: int3 delta / fp16", "learner step T s", "node kind",
             "tok/s per group", "group L s", "broadcast d s"] + [f"S={S}" for S in staleness] + \
         ["$/step swarm (first S >= 1 that works)", "$/step co-located", "ratio"]
-    lines = [f"Learner: one H200, {LEARNER_STEP_4B_S} s per step measured at Qwen3-4B ({PROMPTS} x {GROUP} rollouts "
-             f"of 256 + {COMPLETION} tokens), in proportion to parameters above it; int3 deltas of {int3:.3f} bytes "
+    lines = [f"Learner: one H200, step time ASSUMED (not measured: 6 x params x tokens FLOPs at {ASSUMED_MFU:.0%} of "
+             f"its bf16 peak, {PROMPTS} x {GROUP} rollouts of 256 + {COMPLETION} tokens); int3 deltas of {int3:.3f} bytes "
              "per adapter parameter (measured); nodes and prices from the sources below.", "",
              "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    p4 = shape_params("qwen3-4b")[0]
     for name in TARGETS:
         params, lora = shape_params(name)
-        train_s = LEARNER_STEP_4B_S * params / p4
+        train_s = assumed_learner_step_s(params)
         delta, fp16 = lora * int3, lora * 1.82
         net = Network(adapter_bytes=delta, topology="tree", fanout=2, learner_up_Bps=LEARNER_UP)
         h200_rate = single_tok_s(params * 2.0, LEARNER.bandwidth) * BATCH_GAIN["gpu"] * PROMPTS

@@ -36,7 +36,8 @@ IDLE_FORGET_S = 600.0
 MAX_NAME_CHARS = 64
 #: Of a hello's free-form ``extra`` map (hardware: cores, GPU, build), the most entries kept and
 #: the longest value (characters); the stage geometry is parsed, not kept.
-MAX_EXTRA_KEYS, MAX_EXTRA_CHARS = 16, 128
+MAX_EXTRA_KEYS = 16
+MAX_EXTRA_CHARS = 128
 
 
 def clean_name(name: str) -> str:

@@ -27,7 +27,7 @@ PACKAGES = ("common", "swarm", "tasks", "node_agents", "learner", "bench")
 DOCS = [ROOT / "docs" / "architecture.md", ROOT / "README.md",
         *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "architecture.md")]
 #: Classes of other projects the docs name (transformers, peft, TRL, verifiers, mlx-lm, llama.cpp).
-FOREIGN = {"DynamicCache", "KVCache", "LoRALinear", "Llama", "PeftModel", "GRPOTrainer", "Env"}
+FOREIGN = {"DynamicCache", "KVCache", "LoRALinear", "Llama", "PeftModel", "GRPOTrainer", "GRPOConfig", "LoraConfig", "Env"}
 #: Files of other projects the docs name.
 FOREIGN_FILES = {"convert_hf_to_gguf.py"}
 #: First components of the project's own paths.
@@ -135,7 +135,7 @@ def problem(name: str) -> str | None:
     name = name.strip().rstrip("()")
     m = re.fullmatch(r"((?:[\w.-]+/)+[\w.-]*)(?::\s*(" + IDENT + r"))?", name)
     if m and name.split("/")[0] in PACKAGES and not m.group(2) and "." in name.rsplit("/", 1)[-1] \
-            and not name.endswith(".py"):  # a module written as a path, then a dotted name in it
+            and not name.endswith(".py") and not (ROOT / name).is_file():  # a module written as a path, then a dotted name in it
         return None if _dotted(name.replace("/", ".")) else "not found"
     if m and name.split("/")[0] in TOP_DIRS:  # a file path of the project, optionally with a name in it
         path = ROOT / m.group(1)

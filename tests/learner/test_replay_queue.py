@@ -8,6 +8,7 @@ is tested in ``tests/learner/test_replay_llamacpp.py``."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import types
 
@@ -112,7 +113,7 @@ def test_replayable_groups_are_replayed_in_the_background_and_a_mismatch_untrust
 def test_a_nodes_later_groups_wait_for_its_first_replay():
     async def main():
         svc, replay = setup(in_step=False)
-        svc.verifier.cfg.first_groups = 1
+        svc.verifier.cfg = dataclasses.replace(svc.verifier.cfg, first_groups=1)
         replay.gate.clear()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(svc.verify_loop)

@@ -117,7 +117,7 @@ def test_a_learner_step_row_has_the_breakdown(tiny_model):
                       LoraSettings(rank=4, alpha=8))
     service = _Service()
     ctx = SimpleNamespace(state=SimpleNamespace(step=0, version=0), cfg=SimpleNamespace(train=SimpleNamespace(
-        behaviour_check=False), report=SimpleNamespace(completions_every=0, completions=8)), coord=SimpleNamespace(take_drop_counts=dict, completed={}), service=service,
+        behaviour_check=False, scale_rewards="group"), report=SimpleNamespace(completions_every=0, completions=8)), coord=SimpleNamespace(take_drop_counts=dict, completed={}), service=service,
         trainer=trainer, train=trainer.train_step, task=_Task(), tokenizer=_Tokenizer(), dissem_watch=None)
 
     async def step():
