@@ -82,6 +82,7 @@ def test_a_peer_with_a_genuine_manifest_cannot_make_a_node_dial_its_target(tmp_p
                 await vh.connect(learner.host.addrs[0])
                 victim = AdapterSync(vh, learner.host.peer_id)
                 await victim.join(RUN_ID)
+                victim.wait_s = 4.0  # a refused push: the victim's own fallback gives up in 4 s, not the learner's 30
                 bait = PeerRef(target.peer_id, list(target.addrs))
                 sub = Subtree(bait)
                 instr = None
