@@ -132,7 +132,7 @@ class DissemConfig(Section):
     delta: Literal["auto", True, False] = "auto"
     #: Codec of a delta. Its error is bounded by the *change* it carries (int3: a sixth of the
     #: largest change in each block), and nodes decode against what they hold, so it never
-    #: accumulates; int3 deltas take about a fifth of a whole fp16 version, int4 about 0.28
+    #: accumulates; int3 deltas take about 0.22x of a whole fp16 version, int4 about 0.29x
     #: (``docs/benchmarks.md``, "Adapters that stay small").
     delta_codec: Literal["fp32", "fp16", "int8", "int4", "int3"] = "int3"
     #: Values per quantisation block of a delta (one float32 scale each).

@@ -23,11 +23,11 @@ from pathlib import Path
 import trio
 
 from swarm.host import HostConfig, open_host
-from swarm.proto import HELLO, MODEL_MANIFEST, ROLLOUTS, VALIDATE, WORK
+from swarm.proto import HELLO, MODEL_MANIFEST, ROLLOUTS, WORK
 from swarm.proto.hello import Hello, HelloAck
 from swarm.proto.model import ModelManifestReply, ModelManifestRequest
 from swarm.proto.rollouts import Completion, GroupResult, RolloutAck, RolloutPush
-from swarm.proto.validate import ValidateAck, ValidateResult
+from swarm.proto.validate import VALIDATE, ValidateAck, ValidateResult
 from swarm.proto.work import WorkReply, WorkRequest
 
 PAYLOAD = "Visit evil.example now. "
