@@ -20,7 +20,6 @@ Parts (each writes one JSON object):
 
 from __future__ import annotations
 
-from typing import Any
 
 import argparse
 import json
@@ -107,9 +106,10 @@ def part_node(size: str, a) -> dict:
 
     gguf, _ = q4_gguf(size)
     tok = AutoTokenizer.from_pretrained(str(hf_dir(size)))
-    rendered: Any = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                            tokenize=True)
-    prompt: list[int] = list(rendered["input_ids"] if isinstance(rendered, dict) else rendered)
+    # return_dict=False: the ids themselves (transformers 5 returns a BatchEncoding by default, not a dict)
+    ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True,
+                                  return_dict=False)
+    prompt: list[int] = [int(t) for t in ids]  # type: ignore[arg-type, union-attr]
     params = SamplingParams(1.0, 1.0, a.max_tokens, a.seed)
     out: dict = {"threads": a.threads, "group": a.group, "max_tokens": a.max_tokens, "prompt_tokens": len(prompt)}
     be = LlamaCppBackend(gguf, n_ctx=len(prompt) + a.max_tokens + 16, n_threads=a.threads, max_group=a.group)

@@ -63,9 +63,9 @@ DRAW_TOLERANCES: dict[str, DrawTolerance] = {
     "torch-fp32@bf16": DrawTolerance(0.06, 1), "mlx-fp32@bf16": DrawTolerance(0.06, 1),
     "torch-lowp@fp32": DrawTolerance(0.1, 1), "torch-lowp@bf16": DrawTolerance(0.1, 1),
     "mlx-lowp@fp32": DrawTolerance(0.1, 1), "mlx-lowp@bf16": DrawTolerance(0.1, 1),
-    "llamacpp@fp32": DrawTolerance(0.12, 1), "llamacpp@bf16": DrawTolerance(0.12, 1),
-    "pipeline@fp32": DrawTolerance(0.12, 1), "pipeline@bf16": DrawTolerance(0.12, 1),
-    "default@fp32": DrawTolerance(0.12, 1), "default@bf16": DrawTolerance(0.12, 1),
+    "llamacpp@fp32": DrawTolerance(0.13, 1), "llamacpp@bf16": DrawTolerance(0.14, 1),
+    "pipeline@fp32": DrawTolerance(0.13, 1), "pipeline@bf16": DrawTolerance(0.14, 1),
+    "default@fp32": DrawTolerance(0.13, 1), "default@bf16": DrawTolerance(0.14, 1),
 }
 
 
