@@ -102,6 +102,7 @@ def part_node(size: str, a) -> dict:
     from node_agents.backends.base import SamplingParams
     from node_agents.backends.llamacpp import LlamaCppBackend
     from node_agents.backends.torch_backend import TorchBackend
+    from swarm.proto.work import group_seed
     from transformers import AutoTokenizer
 
     gguf, _ = q4_gguf(size)
@@ -110,7 +111,7 @@ def part_node(size: str, a) -> dict:
     ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True,
                                   return_dict=False)
     prompt: list[int] = [int(t) for t in ids]  # type: ignore[arg-type, union-attr]
-    params = SamplingParams(1.0, 1.0, a.max_tokens, a.seed)
+    params = SamplingParams(1.0, 1.0, a.max_tokens, group_seed(a.seed, "g"))  # the seed a lease of group g carries
     out: dict = {"threads": a.threads, "group": a.group, "max_tokens": a.max_tokens, "prompt_tokens": len(prompt)}
     be = LlamaCppBackend(gguf, n_ctx=len(prompt) + a.max_tokens + 16, n_threads=a.threads, max_group=a.group)
     t = time.perf_counter()
