@@ -63,9 +63,11 @@ DRAW_TOLERANCES: dict[str, DrawTolerance] = {
     "torch-fp32@bf16": DrawTolerance(0.06, 1), "mlx-fp32@bf16": DrawTolerance(0.06, 1),
     "torch-lowp@fp32": DrawTolerance(0.1, 1), "torch-lowp@bf16": DrawTolerance(0.1, 1),
     "mlx-lowp@fp32": DrawTolerance(0.1, 1), "mlx-lowp@bf16": DrawTolerance(0.1, 1),
-    "llamacpp@fp32": DrawTolerance(0.13, 1), "llamacpp@bf16": DrawTolerance(0.14, 1),
-    "pipeline@fp32": DrawTolerance(0.13, 1), "pipeline@bf16": DrawTolerance(0.14, 1),
-    "default@fp32": DrawTolerance(0.13, 1), "default@bf16": DrawTolerance(0.14, 1),
+    # llama.cpp calibrated at 0.13 (fp32 learner) and 0.14 (bf16): 0.14 at both, since a narrower
+    # fp32 tolerance would make Verifier.strict_fp32 add a float32 forward for these classes
+    "llamacpp@fp32": DrawTolerance(0.14, 1), "llamacpp@bf16": DrawTolerance(0.14, 1),
+    "pipeline@fp32": DrawTolerance(0.14, 1), "pipeline@bf16": DrawTolerance(0.14, 1),
+    "default@fp32": DrawTolerance(0.14, 1), "default@bf16": DrawTolerance(0.14, 1),
 }
 
 
