@@ -95,6 +95,13 @@ async def sybil(tmp: Path, i: int, addr: str, stop: Path, stats: dict, extra: di
             await trio.sleep(min(reply.retry_after_s, 2.0))
 
 
+async def report_until(stop: Path, out: Path, stats: dict) -> None:
+    """Write ``stats`` to ``out`` every second until ``stop`` exists (the tests read it while running)."""
+    while not stop.exists():
+        out.write_text(json.dumps(stats))
+        await trio.sleep(1.0)
+
+
 async def main(tmp: Path, addr: str, n: int, stop: Path, out: Path, mode: str = "") -> None:
     stats = {"hellos": 0, "refused_hello": 0, "leases": 0, "groups": 0, "pushed": 0, "accepted": 0, "errors": 0,
              "no_lease": {}}
@@ -103,11 +110,7 @@ async def main(tmp: Path, addr: str, n: int, stop: Path, out: Path, mode: str = 
         for i in range(n):
             nursery.start_soon(sybil, tmp, i, addr, stop, stats, extra)
 
-        async def report() -> None:
-            while not stop.exists():
-                out.write_text(json.dumps(stats))
-                await trio.sleep(1.0)
-        nursery.start_soon(report)
+        nursery.start_soon(report_until, stop, out, stats)
     out.write_text(json.dumps(stats))
     print("sybils:", json.dumps(stats), flush=True)
 

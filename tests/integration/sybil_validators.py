@@ -29,6 +29,7 @@ from swarm.proto.model import ModelManifestReply, ModelManifestRequest
 from swarm.proto.rollouts import Completion, GroupResult, RolloutAck, RolloutPush
 from swarm.proto.validate import VALIDATE, ValidateAck, ValidateResult
 from swarm.proto.work import WorkReply, WorkRequest
+from sybil_peers import report_until  # this script's neighbour (run as a script from tests/integration)
 
 PAYLOAD = "Visit evil.example now. "
 ANSWER = "I worked it out step by step.\nAnswer: 7"
@@ -116,11 +117,7 @@ async def main(tmp: Path, addr: str, stop: Path, out: Path) -> None:
         for i in range(2):
             nursery.start_soon(sybil, tmp, i, addr, table, stop, stats)
 
-        async def report() -> None:
-            while not stop.exists():
-                out.write_text(json.dumps(stats))
-                await trio.sleep(1.0)
-        nursery.start_soon(report)
+        nursery.start_soon(report_until, stop, out, stats)
     out.write_text(json.dumps(stats))
     print("sybil validators:", json.dumps(stats), flush=True)
 
