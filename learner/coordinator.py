@@ -122,6 +122,9 @@ class Coordinator:
         self.probation = Probation()
         #: ... and the backup leases given out because a group's holder was on probation.
         self.backups = 0
+        #: Accepted groups held for verification -> (their peer, its lease's age at the push):
+        #: the push counts for probation when the hold is released (:meth:`submit`).
+        self._unproven: dict[str, tuple[str, float]] = {}
         self._ids = itertools.count()
         #: Pushes waiting for verification (``learner/holds.py``).
         self.hold_book = HoldBook(self.ledger, lambda: f"H{next(self._ids)}")
@@ -243,9 +246,13 @@ class Coordinator:
 
     # -- results ---------------------------------------------------------------------------
     def submit(
-        self, peer_id: str, lease_id: str, results: list[GroupResult], now: float
+        self, peer_id: str, lease_id: str, results: list[GroupResult], now: float, proven: bool = True
     ) -> tuple[list[str], dict[str, str]]:
-        """Accept the valid groups of a push. Returns (accepted group ids, rejections)."""
+        """Accept the valid groups of a push. Returns (accepted group ids, rejections).
+        ``proven=False``: the groups are held for verification (``learner/verify_queue.py``), so
+        the push counts for the peer's probation (``lease_rules.Probation.accepted``) only when
+        its hold is released: a made-up push that is accepted and then fails its check never
+        takes a peer off probation."""
         lease = self.ledger.known_lease(lease_id)
         accepted: list[str] = []
         rejected: dict[str, str] = {}
@@ -269,7 +276,11 @@ class Coordinator:
                     continue
             accepted.append(r.group_id)
         if accepted:
-            self.probation.accepted(peer_id, now - lease.issued_at if lease is not None else math.nan)
+            age = now - lease.issued_at if lease is not None else math.nan
+            if proven:
+                self.probation.accepted(peer_id, age)
+            else:
+                self._unproven.update((gid, (peer_id, age)) for gid in accepted)
         return accepted, rejected
 
     def refuse_push(self, peer_id: str, lease_id: str, group_ids: list[str], reason: str) -> dict[str, str]:
@@ -312,8 +323,12 @@ class Coordinator:
         return self.hold_book.holding(hold_id)
 
     def release(self, hold_id: str) -> list[str]:
-        """The hold passed verification: its groups still held become completed. Returns them."""
-        return self.hold_book.release(hold_id)
+        """The hold passed verification: its groups still held become completed, and their push
+        counts for its peer's probation (:meth:`submit`). Returns them."""
+        gids = self.hold_book.release(hold_id)
+        for peer_id, age in dict(p for g in gids if (p := self._unproven.pop(g, None)) is not None).items():
+            self.probation.accepted(peer_id, age)
+        return gids
 
     def discard_hold(self, hold_id: str, reason: str, not_to: str | None = None) -> list[str]:
         """The hold could not be verified: its groups still held are thrown away (dropped for
@@ -344,6 +359,7 @@ class Coordinator:
     def _discard(self, gid: str, reason: str) -> None:
         """Throw away the untrained result of ``gid`` (completed or held): pending again."""
         self.hold_book.forget(gid)
+        self._unproven.pop(gid, None)
         self.completed.pop(gid, None)
         self.drop_counts[reason] += 1
         self.discarded[reason] += 1

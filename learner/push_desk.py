@@ -38,7 +38,7 @@ class PushDesk:
             log.warning("refused a push of %d group(s) from %s: %s", len(rejected), peer_id[-6:], refusal)
             self.changes.notify()
             return RolloutAck(accepted_groups=0, rejected_groups=len(rejected), rejections=rejected)
-        accepted, rejected = coord.submit(peer_id, msg.lease_id, msg.groups, now)
+        accepted, rejected = coord.submit(peer_id, msg.lease_id, msg.groups, now, proven=self.checks is None)
         by_id = {g.group_id: g for g in msg.groups}
         # picked for re-scoring: the push's groups are held until the verify queue has checked
         # them (a failure untrusts the peer and re-issues them); the ack does not wait for it

@@ -90,8 +90,10 @@ class PendingCheck:
         return bool(self.replayed or self.fp32 or self.reissue)
 
     def items(self) -> list[GroupToCheck]:
+        """Every group's draw check (a replayed group's too: it runs first, so a made-up group is
+        refused for one forward instead of a whole replay)."""
         return [GroupToCheck(self.peer_id, self.backend, self.cls, prompt, result, gid in self.fp32)
-                for gid, prompt, result in self.picked if gid not in self.replayed]
+                for gid, prompt, result in self.picked]
 
 
 class VerifyQueue:
@@ -317,14 +319,17 @@ class VerifyQueue:
 
     def _verdicts(self, item: PendingCheck) -> tuple[dict[str, tuple[str, str | None]], float]:
         """Per group of ``item``, the deciding test and its failure reason (None: passed): the
-        learner's draw pass (float32 for ``item.fp32``), its replay for ``item.replayed``; and the
-        seconds spent scoring (blocking: the worker thread)."""
+        learner's draw pass on every group (float32 for ``item.fp32``), then its replay for the
+        groups of ``item.replayed`` that passed it; and the seconds spent scoring (blocking: the
+        worker thread)."""
         out: dict[str, tuple[str, str | None]] = {}
         checks = item.items()
         t0 = time.perf_counter()
         for check, why in zip(checks, self.verifier.check_groups(checks)):
             out[check.result.group_id] = ("fp32" if check.fp32 else "draw", why)
         scored_s = time.perf_counter() - t0
+        if any(why is not None for _test, why in out.values()):
+            return out, scored_s  # failed (or not checkable) already: no replay spent on it
         replays = [(item.peer_id, gid, p, r) for gid, p, r in item.picked if gid in item.replayed]
         if replays:
             for (_peer, gid, _p, _r), why in zip(replays, self.replay.check_groups(replays)):

@@ -178,3 +178,18 @@ def test_interleavings_never_train_a_held_group_and_lose_nothing(actions, use_bu
             assert not held_before & set(got), "a held group was trained"
             trained += got
         check_ledger(c, trained)
+
+
+def test_a_held_push_takes_its_peer_off_probation_only_when_its_check_passes():
+    c = make(n_groups=4, per_lease=1)
+    fresh, honest = c.lease("fresh", 1, now=0.0), c.lease("honest", 1, now=0.0)
+    made_up = c.submit("fresh", fresh.lease_id, [result(fresh.group_ids[0])], now=1.0, proven=False)[0]
+    good = c.submit("honest", honest.lease_id, [result(honest.group_ids[0])], now=2.0, proven=False)[0]
+    bad_hold, good_hold = c.hold(made_up), c.hold(good)
+    # accepted into a hold is not proven: both are still on probation (one lease each, backed up)
+    assert c.probation.on_probation("fresh") and c.probation.on_probation("honest")
+    assert c.release(good_hold) == good and not c.probation.on_probation("honest")
+    c.discard_hold(bad_hold, "unverified", not_to="fresh")  # its check failed
+    assert c.probation.on_probation("fresh") and c._unproven == {}
+    c.lease("fresh", 1, now=3.0)
+    assert c.lease("fresh", 1, now=3.0) is None  # still one lease at a time

@@ -167,3 +167,30 @@ def test_without_a_replayer_every_group_gets_the_learners_draw_check():
         assert not svc.admission.untrusted
 
     trio.run(main)
+
+
+class DrawFails(FixedScores):
+    """The learner's draw check refuses every group (e.g. made-up tokens)."""
+
+    def check_groups(self, items):
+        return ["draw: made up" for _ in items]
+
+
+def test_a_group_that_fails_the_draw_check_is_refused_without_a_replay():
+    async def main():
+        svc, replay = setup(in_step=False)
+        svc.verifier.__class__ = DrawFails
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(svc.verify_loop)
+            g = await push(svc, "replay-made-up", HONEST)
+            with trio.fail_after(10):
+                while not svc.admission.untrusted:
+                    await trio.sleep(0.01)
+            svc.finish()
+            nursery.cancel_scope.cancel()
+        assert replay.replayed == []  # refused for one forward, not a whole replay
+        assert "draw: made up" in svc.admission.untrusted["replay-made-up"]
+        assert svc.coordinator.ledger[g] == "pending"
+        assert svc.ledger.summary()["replay-made-up"]["failed"] == {"draw": 1}
+
+    trio.run(main)
