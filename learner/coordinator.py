@@ -164,7 +164,9 @@ class Coordinator:
                                       held)
         # groups this peer's results were refused for, or it let expire, are left to others
         taken = self.ledger.take_pending(n, lambda gid: peer_id in self.refused_by.get(gid, ())
-                                         or self.probation.keeps_from(gid, peer_id, now, self.lease_timeout_s))
+                                         or self.probation.keeps_from(gid, peer_id, now, self.lease_timeout_s)
+                                         or self.probation.keeps_reissued(gid, peer_id, gid in self.refused_by, now))
+        self.probation.leased(taken)
         backup = not taken and n > 0 and held == 0
         if backup:  # nothing pending: back up a group held by a peer on probation (lease_rules.py)
             taken = backup_groups(peer_id, n, self.ledger.leases.values(), self.ledger, self.probation, LEASED, now)

@@ -12,6 +12,11 @@ coordinator's state and ``now``:
 - **No hand-back:** a group whose lease expired is not leased to the peer that let it expire
   until it has waited ``lease_timeout_s`` with nobody else taking it (a one-node run never
   stalls on this rule).
+- **Re-issued work to proven peers first:** a group re-issued because a peer's result for it was
+  refused, thrown away or left unchecked is not leased to a peer on probation until it has waited
+  as long as a backup would (:meth:`Probation.backup_age`) with no proven peer taking it (no wait
+  before any proven peer has returned a lease): a stream of fresh ids cannot pass a step's group
+  from one to the next, each costing a check and a round trip.
 - **Fewer after strikes:** a peer with ``k`` strikes gets at most ``max(1, n >> k)`` groups per
   lease and, being on probation, one lease at a time.
 - **Backup leases:** when nothing is pending for a proven peer that holds no lease, it may take a
@@ -78,6 +83,8 @@ class Probation:
     #: Group -> peers that let a lease of it expire, and when it last expired.
     expired_by: dict[str, set[str]] = field(default_factory=dict)
     expired_at: dict[str, float] = field(default_factory=dict)
+    #: Re-issued group -> when a peer on probation was first kept from it.
+    reissued_at: dict[str, float] = field(default_factory=dict)
     #: Seconds proven peers took from a lease to its accepted push (the last ``TURNAROUNDS``).
     turnarounds: deque = field(default_factory=lambda: deque(maxlen=TURNAROUNDS))
 
@@ -116,6 +123,20 @@ class Probation:
         if not self.turnarounds:
             return None
         return BACKUP_AFTER * statistics.median(self.turnarounds)
+
+    def keeps_reissued(self, gid: str, peer_id: str, reissued: bool, now: float) -> bool:
+        """Whether pending group ``gid``, ``reissued`` after a refused, discarded or unchecked
+        result, is kept from ``peer_id`` (on probation) for now: for :meth:`backup_age` after a
+        peer on probation first asked for it, while proven peers return leases."""
+        wait = self.backup_age()
+        if not reissued or wait is None or not self.on_probation(peer_id):
+            return False
+        return now - self.reissued_at.setdefault(gid, now) < wait
+
+    def leased(self, gids: Iterable[str]) -> None:
+        """``gids`` were leased: they are no longer kept from anyone."""
+        for gid in gids:
+            self.reissued_at.pop(gid, None)
 
     def keeps_from(self, gid: str, peer_id: str, now: float, lease_timeout_s: float) -> bool:
         """Whether pending group ``gid`` is kept from ``peer_id`` (it let a lease of it expire)."""

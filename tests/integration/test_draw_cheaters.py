@@ -24,10 +24,11 @@ from tests.integration.learner_nodes import run as run_with_nodes
 pytestmark = pytest.mark.integration
 
 CHEATS = ("greedy", "adapter_off", "insert3", "payload")
-#: The test that catches each declared class's first group: the exact replay (llama.cpp of the
-#: learner's build), the draw check on a float32 forward (torch and MLX float32 nodes under a bf16
-#: learner), or the draw check at the training precision (an fp32 learner).
-CATCHERS = {"llamacpp": ("replay",), "torch": ("fp32", "draw"), "mlx": ("fp32", "draw")}
+#: The test that catches each declared class's first group: the draw check (it runs first) or else
+#: the exact replay (llama.cpp of the learner's build), the draw check on a float32 forward (torch
+#: and MLX float32 nodes under a bf16 learner), or the draw check at the training precision (an fp32
+#: learner).
+CATCHERS = {"llamacpp": ("draw", "replay"), "torch": ("fp32", "draw"), "mlx": ("fp32", "draw")}
 #: What catches the honest node's first groups (a replay, a float32 pass) or any later one.
 PASSES = {"replay", "fp32", "draw"}
 

@@ -1,8 +1,8 @@
 """Exact verification with real processes: dishonest ``swarm-node`` processes
 (``tests/integration/cheat_node.py``) beside honest ones, over real libp2p against an in-process
 learner that replays llama.cpp nodes' picked groups (``learner/replay.py``). Each cheater is caught
-at its first replayed group, by the replay; honest nodes are never flagged, whatever their thread
-count. The work ledger records which test verified or failed each node's groups."""
+at its first checked group, by the learner's draw check (which runs first) or else by the replay;
+honest nodes are never flagged, whatever their thread count. The work ledger records which test verified or failed each node's groups."""
 
 from __future__ import annotations
 
@@ -32,16 +32,17 @@ def run(tmp_path: Path, cfg: LearnerConfig, nodes: list[tuple[str, str | None, i
 
 
 def check_caught(out: dict, cheats: list[str], honest: list[str]) -> None:
-    """Every cheater untrusted by the replay at its first replayed group, nothing of theirs trained;
-    the honest nodes never flagged."""
+    """Every cheater untrusted at its first checked group by the learner's own checks (the draw
+    check first, then the replay), nothing of theirs trained; the honest nodes never flagged."""
     svc, work, peer_of = out["svc"], out["work"], out["peer_of"]
     untrusted = svc.admission.untrusted
     for m in cheats:
         p = peer_of[m]
-        assert p in untrusted and "unverified" in untrusted[p] and "replay: completion" in untrusted[p], \
-            (m, untrusted.get(p), out["logs"][m][-2000:])
-        assert work[p]["failed"] == {"replay": 1}, (m, work[p])  # the replay caught it ...
-        assert work[p]["verified"].get("replay", 0) == 0, (m, work[p])  # ... at its first replayed group
+        why = untrusted.get(p, "")
+        assert "unverified" in why and ("replay: completion" in why or "draw check" in why), \
+            (m, why, out["logs"][m][-2000:])
+        assert work[p]["failed"] in ({"replay": 1}, {"draw": 1}), (m, work[p])  # caught ...
+        assert work[p]["verified"].get("replay", 0) == 0, (m, work[p])  # ... at its first checked group
         assert work[p]["groups_trained"] == 0 and work[p]["untrusted"]
     for h in honest:
         p = peer_of[h]
@@ -49,7 +50,7 @@ def check_caught(out: dict, cheats: list[str], honest: list[str]) -> None:
         assert work[p]["failed"] == {} and work[p]["verified"].get("replay", 0) >= 1, (h, work[p])
     trained_by = {p for r in out["rows"] for p in r["nodes"]}
     assert trained_by == {peer_of[h] for h in honest}, (trained_by, peer_of)
-    assert sum(r.get("replay_failed", 0) for r in out["rows"]) == len(cheats)
+    assert sum(r.get("replay_failed", 0) + r.get("verify_failed", 0) for r in out["rows"]) == len(cheats)
     print("replay per step:", [(r.get("replay_groups"), r.get("replay_s_per_group")) for r in out["rows"]],
           "ledger:", {n: (work[p]["verified"], work[p]["failed"]) for n, p in peer_of.items()})
 
@@ -57,13 +58,14 @@ def check_caught(out: dict, cheats: list[str], honest: list[str]) -> None:
 @pytest.mark.timeout(1200)
 def test_three_inserted_tokens_are_caught_by_the_replay_at_the_first_group(tmp_path):
     """A node that inserts 3 tokens into one completion of its group (true log-probs of the new
-    text): the statistical test cannot see it; the replay catches it at its first group."""
+    text): caught at its first group, by the draw check or else by the replay."""
     cfg = config("train.steps=1", "train.prompts_per_step=2", "train.group_size=2", "train.max_tokens=12",
                  "sync.min_waiting_nodes=2")
     out = run(tmp_path, cfg, [("insert3", "insert3", 1), ("honest", None, 1)], seconds=900)
     assert [r["step"] for r in out["rows"]] == [1]
     check_caught(out, ["insert3"], ["honest"])
-    assert "completion 0 leaves the replay at token 1" in out["svc"].admission.untrusted[out["peer_of"]["insert3"]]
+    why = out["svc"].admission.untrusted[out["peer_of"]["insert3"]]
+    assert "completion 0 leaves the replay at token 1" in why or "tokens not drawn by the lease's seed" in why, why
 
 
 @pytest.mark.slow

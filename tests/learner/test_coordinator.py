@@ -147,9 +147,9 @@ def test_revoking_an_untrusted_peer_reissues_its_leases_and_untrained_results():
     assert all(c.ledger[g] == PENDING for g in back) and c.ledger[lb.group_ids[0]] == COMPLETED
     assert c.take_drop_counts() == {"unverified": 1} and c.discarded["unverified"] == 1
     assert c.completed_ids() == lb.group_ids
-    # A's groups go to others, never back to A
+    # A's groups go to others, never back to A (proven peers first: B's push was accepted)
     assert c.lease("A", 1, now=2.0).group_ids == ["g3"]
-    assert c.lease("C", 1, now=2.0).group_ids[0] in back
+    assert c.lease("B", 1, now=2.0).group_ids[0] in back
 
 
 def test_a_refused_push_puts_its_groups_back_at_once():

@@ -209,3 +209,19 @@ def test_the_coordinator_takes_the_lease_timeout_it_is_given():
     a = c.lease("p", 2, now=0.0)
     b = c.lease("q", 2, now=0.0, timeout_s=lambda n: 100.0 * n)
     assert a.deadline == 30.0 and b.deadline == 100.0 * len(b.group_ids)
+
+
+def test_a_reissued_group_goes_to_proven_peers_before_fresh_ids():
+    c = make(n_groups=5)
+    assert c.lease("new", 1, now=0.0).group_ids == ["g0"]  # before anyone is proven: no wait at all
+    for t in (0.0, 1.0):
+        h = c.lease("H", 1, now=t)
+        c.submit("H", h.lease_id, [result(h.group_ids[0])], now=t + 1.0)  # proven, returns a lease in 1 s
+    assert c.probation.backup_age() == 2.0
+    gid = c.lease("sybil", 1, now=2.0).group_ids[0]
+    assert c.revoke_peer("sybil", "unverified") == [gid]  # its group is re-issued ...
+    assert c.lease("sybil-2", 1, now=2.5).group_ids == ["g4"]  # ... and kept from peers on probation
+    assert c.lease("sybil-3", 1, now=3.0) is None  # (nothing else pending)
+    assert c.lease("sybil-3", 1, now=4.6).group_ids == [gid]  # ... for a backup's age at most
+    c.release_peer("sybil-3")
+    assert c.lease("H", 1, now=5.0).group_ids == [gid]  # a proven peer takes it at once
