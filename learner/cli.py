@@ -185,6 +185,9 @@ LEARNER_EXTRA_MODULES = frozenset({"torch", "transformers", "peft", "safetensors
 
 
 def main(argv: list[str] | None = None) -> int:
+    from common.malloc_arenas import limit_arenas
+
+    limit_arenas()  # before any thread: forwards in worker threads would each keep an arena's worth
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

@@ -1,0 +1,36 @@
+"""How many malloc arenas a long-running process keeps (glibc only).
+
+glibc gives each thread that allocates its own arena (up to 8 per core) and keeps what is freed
+there for reuse. The learner runs a forward of a few hundred MiB of activations in whichever worker
+thread the verify queue or the step got, so over a run its resident memory grew by the freed
+activations of every thread that ever ran one: +1.2-1.4 GiB against an identical run in
+``tests/integration/test_fresh_id_cost.py``, gone with two arenas (``docs/benchmarks.md``,
+"The draw check"). :func:`limit_arenas` caps them at the start of a process, before its threads
+exist; ``MALLOC_ARENA_MAX`` in the environment, read by glibc itself, takes precedence.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+#: ``mallopt`` parameter number of ``M_ARENA_MAX`` (glibc's malloc.h).
+M_ARENA_MAX = -8
+#: Arenas kept by default: the main one and one shared by every other thread.
+DEFAULT_ARENAS = 2
+
+
+def limit_arenas(n: int = DEFAULT_ARENAS) -> bool:
+    """Cap glibc's malloc arenas at ``n``; False where it does not apply (not Linux, another
+    libc, or ``MALLOC_ARENA_MAX`` already set by the user)."""
+    if not sys.platform.startswith("linux") or os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_ARENA_MAX, int(n)))
