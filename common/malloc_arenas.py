@@ -6,7 +6,9 @@ thread the verify queue or the step got, so over a run its resident memory grew 
 activations of every thread that ever ran one: +1.2-1.4 GiB against an identical run in
 ``tests/integration/test_fresh_id_cost.py``, gone with two arenas (``docs/benchmarks.md``,
 "The draw check"). :func:`limit_arenas` caps them at the start of a process, before its threads
-exist; ``MALLOC_ARENA_MAX`` in the environment, read by glibc itself, takes precedence.
+exist (glibc fixes the limit when a second thread first allocates: ``learner/cli.py`` calls it
+before its other imports); ``MALLOC_ARENA_MAX`` in the environment, read by glibc itself, takes
+precedence.
 """
 
 from __future__ import annotations

@@ -8,7 +8,13 @@ the reference in ``docs/config.md``, :mod:`learner.config_reference`).
 
 from __future__ import annotations
 
-import argparse
+from common.malloc_arenas import limit_arenas
+
+# First, before an import starts a thread: glibc fixes its arena limit when a second thread first
+# allocates, and forwards run in many worker threads would each keep an arena's worth of memory.
+limit_arenas()
+
+import argparse  # noqa: E402
 import logging
 import sys
 import time
@@ -185,9 +191,6 @@ LEARNER_EXTRA_MODULES = frozenset({"torch", "transformers", "peft", "safetensors
 
 
 def main(argv: list[str] | None = None) -> int:
-    from common.malloc_arenas import limit_arenas
-
-    limit_arenas()  # before any thread: forwards in worker threads would each keep an arena's worth
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

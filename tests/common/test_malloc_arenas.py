@@ -1,11 +1,13 @@
 """The malloc arena cap (``common/malloc_arenas.py``): applied on glibc Linux, left to the user's
 ``MALLOC_ARENA_MAX`` when set; and what it is for, measured in a child process: freed activations
-of forwards run in many threads stay resident with glibc's default arenas and do not with the cap."""
+of forwards run in many threads stay resident with glibc's default arenas and not once the
+learner's entry point (``learner/cli.py``) has capped them."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,9 +15,8 @@ from common.malloc_arenas import limit_arenas
 
 CHILD = r"""
 import sys, threading
-if sys.argv[1] == "capped":
-    from common.malloc_arenas import limit_arenas
-    assert limit_arenas()
+if sys.argv[1] == "capped":  # as the learner's entry point does it, before anything else
+    import learner.cli
 turn, pins = threading.Lock(), []
 def work():  # one at a time, as forwards in a pool of worker threads: 40 MB of activations freed,
     with turn:  # one small block allocated after them left alive (what fragments a real heap)
@@ -41,7 +42,8 @@ def test_the_cap_applies_and_keeps_freed_memory_of_many_threads_from_staying_res
     monkeypatch.delenv("MALLOC_ARENA_MAX")
 
     def resident(mode: str) -> int:
-        out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parents[2])
         return int(out.stdout.split()[-1])
 
     plain, capped = resident("plain"), resident("capped")
