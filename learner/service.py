@@ -31,6 +31,7 @@ import trio
 from learner.adapter_versions import AdapterVersions
 from learner.admission import Admission
 from swarm.changes import Changes
+from swarm.log_limit import LogLimit
 from learner.coordinator import Coordinator, CoordinatorStats
 from learner.dissem import LearnerDissem
 from learner.dissem_report import DissemStats
@@ -158,6 +159,8 @@ class LearnerService:
         #: The learner's own probe of a stage a head reported lost (``learner.stage_requests.stage_alive``);
         #: None: the head's report alone is taken as evidence (harnesses without a host).
         self.probe = probe
+        #: Refusals of peers that did not say hello, logged once a minute per peer.
+        self._refusals_logged = LogLimit()
         #: Work per node over the run (``learner/ledger.py``): pushed, verified by which test, trained.
         self.ledger = ledger if ledger is not None else WorkLedger()
         self.changes = Changes()
@@ -285,7 +288,10 @@ class LearnerService:
     def _member(self, peer_id: str) -> None:
         """A request from ``peer_id``: refused unless it said hello (and is trusted)."""
         if self.roster.touch(peer_id, trio.current_time()) is None:
-            log.warning("refused request from %s: it has not said hello", peer_id)
+            shown, held = self._refusals_logged.allow(peer_id)
+            if shown:  # a peer that keeps asking is logged once a minute
+                log.warning("refused request from %s: it has not said hello%s", peer_id,
+                            f" ({held} more refused since the last such line)" if held else "")
             raise Refused("say hello first")
 
     async def on_hello(self, msg: Hello, peer_id: str) -> HelloAck:

@@ -25,6 +25,7 @@ from swarm.framing import read_frame, write_frame
 from swarm.gate import RateLimited, refuse
 from swarm.gate import StreamGate
 from swarm.host_config import CLEANUP_TIMEOUT_S, MAX_ERROR_CHARS
+from swarm.log_limit import LogLimit
 from swarm.wire import Message, WireError
 
 # Records keep the logger name of :mod:`swarm.host`, whose part of the host this is.
@@ -67,6 +68,14 @@ class RequestReply(Dialing):
     :class:`swarm.host.SwarmHost`."""
 
     gate: StreamGate  # an annotation only: the host sets it
+
+    @property
+    def _log_limit(self) -> LogLimit:
+        """This host's limit on log lines a peer's failing requests provoke (made on first use)."""
+        limit = self.__dict__.get("_handler_log_limit")
+        if limit is None:
+            limit = self.__dict__["_handler_log_limit"] = LogLimit()
+        return limit
 
     # ------------------------------------------------------------------ server side
 
@@ -138,7 +147,10 @@ class RequestReply(Dialing):
             with trio.move_on_after(limit) as scope:
                 reply = await handler(request, peer)
         except Exception as e:
-            log.warning("%s handler failed for %s: %s: %s", protocol_id, peer, type(e).__name__, e)
+            shown, held = self._log_limit.allow((protocol_id, peer, type(e).__name__))
+            if shown:  # a peer that repeats a refused request is logged once a minute
+                log.warning("%s handler failed for %s: %s: %s%s", protocol_id, peer, type(e).__name__, e,
+                            f" (and {held} more since the last such line)" if held else "")
             return _error_envelope(f"{type(e).__name__}: {e}")
         if scope.cancelled_caught:
             log.warning("%s handler timed out after %s s for %s", protocol_id, limit, peer)
