@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from common.malloc_arenas import trim
 from learner.draw_check import (CLASSES, PRECISIONS, DrawTolerance, completion_uniforms, draw_overrides,  # noqa: F401
                                  judge_draw, tolerance_for)
 from learner.verify_stats import GroupStats, Scored, group_stats, judge, wants_check  # noqa: F401 (re-exported)
@@ -142,7 +143,10 @@ class Verifier:
         version advances with every step."""
         def run(*args, **kwargs):
             with self.lock:
-                out = train_step(*args, **kwargs)
+                try:
+                    out = train_step(*args, **kwargs)
+                finally:
+                    trim()  # what the step freed goes back, not kept beside the next check's forward
                 self.weights_version += 1
                 return out
         return run
@@ -201,6 +205,7 @@ class Verifier:
             finally:
                 if torch_threads is not None:
                     torch_threads.set_num_threads(threads)
+                trim()  # the forward's freed activations go back (common/malloc_arenas.py)
                 elapsed = time.perf_counter() - t0
                 self.spent_s += elapsed
                 if groups:

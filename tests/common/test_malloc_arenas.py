@@ -49,3 +49,12 @@ def test_the_cap_applies_and_keeps_freed_memory_of_many_threads_from_staying_res
     plain, capped = resident("plain"), resident("capped")
     print(f"resident after 8 threads freed 40 MB each: {plain} MiB with glibc's arenas, {capped} MiB capped")
     assert capped < plain
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_trim_gives_back_what_threads_freed():
+    child = CHILD.replace('if sys.argv[1] == "capped":  # as the learner\'s entry point does it, before anything else\n    import learner.cli',
+                          "").replace("print(int(", "from common.malloc_arenas import trim\nassert trim()\nprint(int(")
+    out = subprocess.run([sys.executable, "-c", child, "plain"], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert int(out.stdout.split()[-1]) < 60, out.stdout  # 95 MiB without the trim
