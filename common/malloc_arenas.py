@@ -2,15 +2,16 @@
 only).
 
 glibc gives each thread that allocates its own arena (up to 8 per core) and keeps what is freed
-there for reuse. The learner runs a forward of a few hundred MiB of activations in whichever worker
-thread the verify queue or the step got, so over a run its resident memory grew by the freed
-activations of every thread that ever ran one: +1.2-1.4 GiB against an identical run in
-``tests/integration/test_fresh_id_cost.py``, gone with two arenas (``docs/benchmarks.md``,
-"The draw check"). :func:`limit_arenas` caps them at the start of a process, before its threads
+there for reuse. The learner runs forwards of a few hundred MiB of activations in whichever worker
+thread the verify queue or the step got, so what one thread freed stayed resident beside what the
+next one allocated: +1.0-1.4 GiB against an identical run in
+``tests/integration/test_fresh_id_cost.py`` (``docs/benchmarks.md``, "The draw check").
+:func:`trim` gives the free memory of every arena back to the system (``malloc_trim``), called by
+the learner after each training step and each verify forward: with it the attacked run peaked at
+its twin's. :func:`limit_arenas` caps the arenas at the start of a process, before its threads
 exist (glibc fixes the limit when a second thread first allocates: ``learner/cli.py`` calls it
-before its other imports); ``MALLOC_ARENA_MAX`` in the environment, read by glibc itself, takes
-precedence. :func:`trim` gives the free memory of every arena back to the system (``malloc_trim``)
-after a large forward, so what one thread freed is not kept beside what the next one allocates.
+before its other imports), which alone was not enough; ``MALLOC_ARENA_MAX`` in the environment,
+read by glibc itself, takes precedence.
 """
 
 from __future__ import annotations
