@@ -5,12 +5,14 @@ The model is written once into the cache (:func:`common.random_model.random_mode
 directory of the shape's real size, bf16). The learner serves it; the nodes exercise every
 path a model of that size takes:
 
-- ``node-0-llamacpp`` is given the directory (``--model DIR``): it hashes it, serves it to other
-  nodes, converts it to GGUF and quantises it (``--quant q4_1``) -- once per machine: the
-  learner made the same GGUF first for its exact replay (``replay.gguf_quant``), under the same
-  lock and cache;
+- ``node-0-llamacpp`` fetches the run's model from the learner in the form a llama.cpp node asks
+  for (the GGUF the learner serves beside the HF directory), serves it to other nodes and
+  quantises it (``--quant q4_1``) -- once per machine: the learner made the same GGUF first for
+  its exact replay (``replay.gguf_quant``), under the same lock and cache. (Given the HF directory
+  itself, ``--model DIR``, a llama.cpp node would hold another form than the one the next
+  llama.cpp node asks for, and could not serve it.)
 - ``node-1-llamacpp`` starts once node 0 holds the model and fetches it from the learner and
-  from node 0 (no ``--model``);
+  from node 0;
 - ``node-2-torch`` and ``node-3-torch`` have memory caps too small for the model
   (``--max-memory``): the learner forms a 2-stage pipeline of them.
 
@@ -122,7 +124,7 @@ def run_shape_demo(cfg, run_dir: Path, shape: str) -> int:
     cfg = with_values(cfg, {"sync.min_waiting_nodes": 3, "sync.regate_each_version": True})
     llama = ["--quant", NODE_QUANT]
     stage = ["--max-memory", str(cap), "--device", "cpu"]
-    extra = [llama, llama + ["--model", "run"], stage, stage]
+    extra = [llama + ["--model", "run"], llama + ["--model", "run"], stage, stage]
     peaks = PeakSampler()
     peaks.watch("learner", os.getpid())
     sha: list[str] = []

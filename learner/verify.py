@@ -49,6 +49,15 @@ from swarm.proto.work import group_seed
 
 log = logging.getLogger("echo_swarm.learner")
 
+#: How a failure of the draw check starts (:func:`draw_failed`).
+DRAW_FAILED = "draw check "
+
+
+def draw_failed(reason: str | None) -> bool:
+    """Whether a check's failure ``reason`` is the draw check's (tokens not drawn from the lease's
+    seed), not the statistical claims or likelihood tests'."""
+    return bool(reason) and str(reason).startswith(DRAW_FAILED)
+
 
 #: :meth:`Verifier.check_groups`' answer for a group it could not score (its version's adapter is no
 #: longer kept): not a failure of the node, but not checked either, so not trained.
@@ -280,7 +289,7 @@ class Verifier:
             tol = self.tolerance(item.cls, precision)
             stat, why = judge_draw(draws, tol)
             self._record_draw(f"{item.cls}@{precision}", stat, tol, failed=why is not None)
-            reason = reason if why is None else f"draw check ({item.cls}, {precision}): {why}"  # the exact evidence first
+            reason = reason if why is None else f"{DRAW_FAILED}({item.cls}, {precision}): {why}"  # the exact evidence first
         if reason is not None:
             self.failed += 1
         self._record(item.peer_id, item.backend, stats, failed=reason is not None)

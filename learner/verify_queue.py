@@ -49,7 +49,7 @@ from swarm.changes import Changes
 from learner.coordinator import Coordinator
 from learner.replay import ReplayBudget
 from learner.validator_desk import FALLBACK
-from learner.verify import SKIPPED, GroupToCheck, Verifier
+from learner.verify import SKIPPED, GroupToCheck, Verifier, draw_failed
 
 log = logging.getLogger("echo_swarm.learner")
 
@@ -320,16 +320,20 @@ class VerifyQueue:
     def _verdicts(self, item: PendingCheck) -> tuple[dict[str, tuple[str, str | None]], float]:
         """Per group of ``item``, the deciding test and its failure reason (None: passed): the
         learner's draw pass on every group (float32 for ``item.fp32``), then its replay for the
-        groups of ``item.replayed`` that passed it; and the seconds spent scoring (blocking: the
-        worker thread)."""
+        groups of ``item.replayed`` whose draw check passed (where only the statistical tests
+        failed, the exact replay decides); and the seconds spent scoring (blocking: the worker
+        thread)."""
         out: dict[str, tuple[str, str | None]] = {}
         checks = item.items()
         t0 = time.perf_counter()
         for check, why in zip(checks, self.verifier.check_groups(checks)):
             out[check.result.group_id] = ("fp32" if check.fp32 else "draw", why)
         scored_s = time.perf_counter() - t0
-        if any(why is not None for _test, why in out.values()):
-            return out, scored_s  # failed (or not checkable) already: no replay spent on it
+        # a group that failed the draw check (or could not be checked) is not replayed: a made-up
+        # group costs one forward; where only the statistical tests failed, the replay decides
+        if any(why is not None and (why == SKIPPED or draw_failed(why) or gid not in item.replayed)
+               for gid, (_test, why) in out.items()):
+            return out, scored_s
         replays = [(item.peer_id, gid, p, r) for gid, p, r in item.picked if gid in item.replayed]
         if replays:
             for (_peer, gid, _p, _r), why in zip(replays, self.replay.check_groups(replays)):

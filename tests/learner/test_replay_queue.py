@@ -173,7 +173,14 @@ class DrawFails(FixedScores):
     """The learner's draw check refuses every group (e.g. made-up tokens)."""
 
     def check_groups(self, items):
-        return ["draw: made up" for _ in items]
+        return ["draw check (llamacpp, bf16): made up" for _ in items]
+
+
+class ClaimsFail(FixedScores):
+    """Only the statistical claims test refuses every group (an honest node near its threshold)."""
+
+    def check_groups(self, items):
+        return ["claimed log-probs differ from the policy's by 0.210 per token (at most 0.2)" for _ in items]
 
 
 def test_a_group_that_fails_the_draw_check_is_refused_without_a_replay():
@@ -189,8 +196,28 @@ def test_a_group_that_fails_the_draw_check_is_refused_without_a_replay():
             svc.finish()
             nursery.cancel_scope.cancel()
         assert replay.replayed == []  # refused for one forward, not a whole replay
-        assert "draw: made up" in svc.admission.untrusted["replay-made-up"]
+        assert "made up" in svc.admission.untrusted["replay-made-up"]
         assert svc.coordinator.ledger[g] == "pending"
         assert svc.ledger.summary()["replay-made-up"]["failed"] == {"draw": 1}
+
+    trio.run(main)
+
+
+def test_where_only_the_statistical_tests_fail_a_replayed_group_the_exact_replay_decides():
+    async def main():
+        svc, replay = setup(in_step=False)
+        svc.verifier.__class__ = ClaimsFail
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(svc.verify_loop)
+            honest = await push(svc, "replay-honest", HONEST)
+            cheat = await push(svc, "replay-cheat", [5, 9])
+            with trio.fail_after(10):
+                while svc.coordinator.ledger[honest] == "held" or not svc.admission.untrusted:
+                    await trio.sleep(0.01)
+            svc.finish()
+            nursery.cancel_scope.cancel()
+        assert replay.replayed == [honest, cheat]
+        assert svc.coordinator.ledger[honest] == "completed" and "replay-honest" not in svc.admission.untrusted
+        assert "replay: completion" in svc.admission.untrusted["replay-cheat"]
 
     trio.run(main)
