@@ -30,7 +30,7 @@ def test_a_whole_run_at_the_half_billion_shape(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    assert json.loads((run / "dissem.json").read_text())["versions"] == ["0", "1", "2"]  # every step published
+    assert sorted(json.loads((run / "dissem.json").read_text())["versions"]) == ["0", "1", "2"]  # every step published
     assert (run / "checkpoints" / "step_2").exists() and (run / "adapter" / "adapter_config.json").is_file()
     assert sum(r["replay_groups"] for r in rows) >= 2 and sum(r["replay_failed"] for r in rows) == 0
     summary = json.loads((run / "summary.json").read_text())
