@@ -183,41 +183,37 @@ class ClaimsFail(FixedScores):
         return ["claimed log-probs differ from the policy's by 0.210 per token (at most 0.2)" for _ in items]
 
 
-def test_a_group_that_fails_the_draw_check_is_refused_without_a_replay():
+def checked_by(verifier_cls, pushes, done):
+    """Push ``pushes`` ((peer, tokens)) to a service whose verifier is ``verifier_cls`` and run its
+    verify worker until ``done(svc, group ids)``; returns (service, replayer, group ids)."""
     async def main():
         svc, replay = setup(in_step=False)
-        svc.verifier.__class__ = DrawFails
+        svc.verifier.__class__ = verifier_cls
         async with trio.open_nursery() as nursery:
             nursery.start_soon(svc.verify_loop)
-            g = await push(svc, "replay-made-up", HONEST)
+            gids = [await push(svc, peer, tokens) for peer, tokens in pushes]
             with trio.fail_after(10):
-                while not svc.admission.untrusted:
+                while not done(svc, gids):
                     await trio.sleep(0.01)
             svc.finish()
             nursery.cancel_scope.cancel()
-        assert replay.replayed == []  # refused for one forward, not a whole replay
-        assert "made up" in svc.admission.untrusted["replay-made-up"]
-        assert svc.coordinator.ledger[g] == "pending"
-        assert svc.ledger.summary()["replay-made-up"]["failed"] == {"draw": 1}
+        return svc, replay, gids
 
-    trio.run(main)
+    return trio.run(main)
+
+
+def test_a_group_that_fails_the_draw_check_is_refused_without_a_replay():
+    svc, replay, (g,) = checked_by(DrawFails, [("replay-made-up", HONEST)], lambda svc, _g: bool(svc.admission.untrusted))
+    assert replay.replayed == []  # refused for one forward, not a whole replay
+    assert "made up" in svc.admission.untrusted["replay-made-up"]
+    assert svc.coordinator.ledger[g] == "pending"
+    assert svc.ledger.summary()["replay-made-up"]["failed"] == {"draw": 1}
 
 
 def test_where_only_the_statistical_tests_fail_a_replayed_group_the_exact_replay_decides():
-    async def main():
-        svc, replay = setup(in_step=False)
-        svc.verifier.__class__ = ClaimsFail
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(svc.verify_loop)
-            honest = await push(svc, "replay-honest", HONEST)
-            cheat = await push(svc, "replay-cheat", [5, 9])
-            with trio.fail_after(10):
-                while svc.coordinator.ledger[honest] == "held" or not svc.admission.untrusted:
-                    await trio.sleep(0.01)
-            svc.finish()
-            nursery.cancel_scope.cancel()
-        assert replay.replayed == [honest, cheat]
-        assert svc.coordinator.ledger[honest] == "completed" and "replay-honest" not in svc.admission.untrusted
-        assert "replay: completion" in svc.admission.untrusted["replay-cheat"]
-
-    trio.run(main)
+    svc, replay, (honest, cheat) = checked_by(
+        ClaimsFail, [("replay-honest", HONEST), ("replay-cheat", [5, 9])],
+        lambda svc, g: svc.coordinator.ledger[g[0]] != "held" and bool(svc.admission.untrusted))
+    assert replay.replayed == [honest, cheat]
+    assert svc.coordinator.ledger[honest] == "completed" and "replay-honest" not in svc.admission.untrusted
+    assert "replay: completion" in svc.admission.untrusted["replay-cheat"]
