@@ -122,9 +122,6 @@ class Coordinator:
         self.probation = Probation()
         #: ... and the backup leases given out because a group's holder was on probation.
         self.backups = 0
-        #: Accepted groups held for verification -> (their peer, its lease's age at the push):
-        #: the push counts for probation when the hold is released (:meth:`submit`).
-        self._unproven: dict[str, tuple[str, float]] = {}
         self._ids = itertools.count()
         #: Pushes waiting for verification (``learner/holds.py``).
         self.hold_book = HoldBook(self.ledger, lambda: f"H{next(self._ids)}")
@@ -282,7 +279,7 @@ class Coordinator:
             if proven:
                 self.probation.accepted(peer_id, age)
             else:
-                self._unproven.update((gid, (peer_id, age)) for gid in accepted)
+                self.probation.held(accepted, peer_id, age)
         return accepted, rejected
 
     def refuse_push(self, peer_id: str, lease_id: str, group_ids: list[str], reason: str) -> dict[str, str]:
@@ -328,8 +325,7 @@ class Coordinator:
         """The hold passed verification: its groups still held become completed, and their push
         counts for its peer's probation (:meth:`submit`). Returns them."""
         gids = self.hold_book.release(hold_id)
-        for peer_id, age in dict(p for g in gids if (p := self._unproven.pop(g, None)) is not None).items():
-            self.probation.accepted(peer_id, age)
+        self.probation.passed(gids)
         return gids
 
     def discard_hold(self, hold_id: str, reason: str, not_to: str | None = None) -> list[str]:
@@ -361,7 +357,7 @@ class Coordinator:
     def _discard(self, gid: str, reason: str) -> None:
         """Throw away the untrained result of ``gid`` (completed or held): pending again."""
         self.hold_book.forget(gid)
-        self._unproven.pop(gid, None)
+        self.probation.forget(gid)
         self.completed.pop(gid, None)
         self.drop_counts[reason] += 1
         self.discarded[reason] += 1

@@ -83,6 +83,9 @@ class Probation:
     #: Group -> peers that let a lease of it expire, and when it last expired.
     expired_by: dict[str, set[str]] = field(default_factory=dict)
     expired_at: dict[str, float] = field(default_factory=dict)
+    #: Accepted groups held for verification -> (their peer, its lease's age at the push): the
+    #: push counts (:meth:`accepted`) when their check passes (:meth:`passed`).
+    unchecked: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: Re-issued group -> when a peer on probation was first kept from it.
     reissued_at: dict[str, float] = field(default_factory=dict)
     #: Seconds proven peers took from a lease to its accepted push (the last ``TURNAROUNDS``).
@@ -98,6 +101,21 @@ class Probation:
         self.proven.add(peer_id)
         if self.strikes[peer_id] > 0:
             self.strikes[peer_id] -= 1
+
+    def held(self, gids: Iterable[str], peer_id: str, lease_age_s: float) -> None:
+        """``peer_id``'s push of ``gids`` was accepted into a hold for its check: it counts only
+        once the check passes."""
+        self.unchecked.update((gid, (peer_id, lease_age_s)) for gid in gids)
+
+    def passed(self, gids: Iterable[str]) -> None:
+        """The check of these held groups passed: their pushes count as accepted."""
+        pushes = dict(p for g in gids if (p := self.unchecked.pop(g, None)) is not None)
+        for peer_id, age in pushes.items():
+            self.accepted(peer_id, age)
+
+    def forget(self, gid: str) -> None:
+        """``gid``'s held result was thrown away: it never counts."""
+        self.unchecked.pop(gid, None)
 
     def expired(self, peer_id: str, open_groups: Iterable[str], now: float) -> None:
         """A lease of ``peer_id`` expired with ``open_groups`` unfinished."""

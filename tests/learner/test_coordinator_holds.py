@@ -190,6 +190,6 @@ def test_a_held_push_takes_its_peer_off_probation_only_when_its_check_passes():
     assert c.probation.on_probation("fresh") and c.probation.on_probation("honest")
     assert c.release(good_hold) == good and not c.probation.on_probation("honest")
     c.discard_hold(bad_hold, "unverified", not_to="fresh")  # its check failed
-    assert c.probation.on_probation("fresh") and c._unproven == {}
+    assert c.probation.on_probation("fresh") and c.probation.unchecked == {}
     c.lease("fresh", 1, now=3.0)
     assert c.lease("fresh", 1, now=3.0) is None  # still one lease at a time
