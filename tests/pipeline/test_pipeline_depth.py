@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from swarm.pipeline.depth import groups_in_flight, pipeline_rate
@@ -36,6 +36,7 @@ def test_bad_measurements_are_refused():
 
 
 @given(st.lists(st.tuples(st.floats(1e-3, 1.0), st.floats(0.0, 0.5)), min_size=1, max_size=8))
+@example(hops=[(0.05, 0.0), (0.05, 0.5)])  # a whole depth (12) that rounding makes 13
 def test_the_chosen_depth_reaches_the_compute_bound_rate(hops):
     busy = [b for b, _ in hops]
     rtt = [r for _, r in hops]
