@@ -73,7 +73,7 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
 def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None,
              node_cpus: set[int] | None = None, extra_args: list[list[str]] | None = None,
              on_learner=None, node_threads: list[int] | None = None, before_node=None,
-             peaks: "PeakSampler | None" = None) -> int:
+             peaks: "PeakSampler | None" = None, node_env: list[dict[str, str]] | None = None) -> int:
     """``node_threads``: each node's CPU threads (default: the cores shared evenly).
     ``before_node(i, service)``: awaited before node ``i`` starts (e.g. until an earlier node
     holds the model). ``peaks``: samples every node process's (and its children's) peak memory.
@@ -81,8 +81,9 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
     then holds back the first lease until all of them wait for work, so each one contributes.
     ``node_cpus``: pin every node process to these CPUs (``os.sched_setaffinity`` right after
     it starts, before it makes threads) and size the nodes' threads to them, not to all cores.
-    ``extra_args``: more ``swarm-node join`` arguments per node; ``on_learner(service)`` is
-    called with the live service."""
+    ``extra_args``: more ``swarm-node join`` arguments per node; ``node_env``: more environment
+    variables per node (e.g. its own model cache, as on another machine); ``on_learner(service)``
+    is called with the live service."""
     from learner.loop import run_learner
 
 
@@ -129,7 +130,9 @@ def run_demo(cfg, n_nodes: int, run_dir: Path, backends: list[str] | None = None
                 threads = node_threads[i] if node_threads else even_threads
                 cmd = node_command(addrs[0], run_dir / "nodes" / name, threads, name, node_model, backend)
                 cmd += extra_args[i] if extra_args else []
-                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                env = {**os.environ, **node_env[i]} if node_env else None
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              env=env))
                 if node_cpus:
                     os.sched_setaffinity(procs[-1].pid, node_cpus)
                 if peaks is not None:

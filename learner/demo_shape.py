@@ -11,8 +11,9 @@ path a model of that size takes:
   its exact replay (``replay.gguf_quant``), under the same lock and cache. (Given the HF directory
   itself, ``--model DIR``, a llama.cpp node would hold another form than the one the next
   llama.cpp node asks for, and could not serve it.)
-- ``node-1-llamacpp`` starts once node 0 holds the model and fetches it from the learner and
-  from node 0;
+- ``node-1-llamacpp`` starts once node 0 holds the model and, with a model cache of its own (as
+  on another machine: ``$ECHO_SWARM_CACHE`` under the run directory), fetches it from the
+  learner and from node 0 and quantises it itself;
 - ``node-2-torch`` and ``node-3-torch`` have memory caps too small for the model
   (``--max-memory``): the learner forms a 2-stage pipeline of them.
 
@@ -27,8 +28,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
+from common.model_cache import CACHE_ENV
 from learner.demo import run_demo, stage_cap_bytes
 from learner.proc_peaks import PeakSampler
 from swarm.config import with_values
@@ -82,15 +85,25 @@ def holds(label: str) -> str:
     return f"gguf_{NODE_QUANT}" if "llamacpp" in label else "torch_fp32"
 
 
+def stage_weights(log_text: str) -> tuple[str, int] | None:
+    """``("layers [a, b)", bytes)`` of the last layer range a stage node's log says it loaded
+    (``node_agents.stage_agent``: "serving layers [a, b) of n (X MB, ..."), else None (pure)."""
+    found = re.findall(r"serving layers (\[\d+, \d+\)) of \d+ \((\d+) MB", log_text)
+    return (f"layers {found[-1][0]}", int(found[-1][1]) * 10**6) if found else None
+
+
 def memory_table(peaks: dict[str, int], anon: dict[str, int], sizes: dict[str, int],
-                 caps: dict[str, int]) -> list[dict]:
+                 caps: dict[str, int], stages: dict[str, tuple[str, int]] | None = None) -> list[dict]:
     """One row per process: its peak resident memory (mapped files included) and its largest
     sampled private memory, the form of the weights it holds and their size, the ratios (pure).
-    A torch stage node holds only its layers; its row also shows its memory cap."""
+    A torch stage node holds only its layers (``stages``: label -> its :func:`stage_weights`);
+    its row also shows its memory cap."""
     rows = []
     for label in sorted(peaks):
         form = holds(label)
         size = sizes.get(form, 0)
+        if stages and label in stages:
+            form, size = f"{form} {stages[label][0]}", stages[label][1]
         rows.append({"process": label, "peak_bytes": peaks[label], "peak_private_bytes": anon.get(label),
                      "holds": form, "weights_bytes": size,
                      "peak_over_weights": round(peaks[label] / size, 2) if size else None,
@@ -137,17 +150,26 @@ def run_shape_demo(cfg, run_dir: Path, shape: str) -> int:
             if not await service.model_serve.wait_complete(1, HOLDER_WAIT_S):
                 print("demo: node 0 did not report the model in time; starting node 1 anyway", flush=True)
 
+    own_cache = {CACHE_ENV: str(run_dir / "nodes" / "node-1-cache")}  # node 1 stands for another machine
     code = run_demo(cfg, 4, run_dir, ["llamacpp", "llamacpp", "torch", "torch"], extra_args=extra,
-                    before_node=before_node, peaks=peaks)
+                    before_node=before_node, peaks=peaks, node_env=[{}, own_cache, {}, {}])
     sizes = weight_sizes(model_dir, sha[0] if sha else "")
-    rows = memory_table(peaks.stop(), peaks.anon, sizes, {"node-2-torch": cap, "node-3-torch": cap})
+    stages = {}
+    for label in ("node-2-torch", "node-3-torch"):
+        log = run_dir / "nodes" / f"{label}.log"
+        held = stage_weights(log.read_text(errors="replace")) if log.exists() else None
+        if held:
+            stages[label] = held
+    rows = memory_table(peaks.stop(), peaks.anon, sizes, {"node-2-torch": cap, "node-3-torch": cap}, stages)
     print_memory(rows, sizes)
     (run_dir / "memory.json").write_text(json.dumps({"weights": sizes, "processes": rows}, indent=1))
     fetch = run_dir / "model_fetch.json"
-    if fetch.exists():
-        holders = json.loads(fetch.read_text()).get("holders", {})
-        for peer, h in holders.items():
-            if h.get("from_peers"):
-                print(f"demo: {peer[-6:]} fetched the model in {h['fetch_s']:.1f} s: " +
-                      ", ".join(f"{p[-6:]} {b / 1e6:.0f} MB" for p, b in h["from_peers"].items()), flush=True)
+    if fetch.exists():  # the served HF directory and its other forms (the GGUF llama.cpp nodes fetch)
+        served = json.loads(fetch.read_text())
+        for form in [served, *served.get("forms", {}).values()]:
+            for peer, h in form.get("holders", {}).items():
+                if h.get("from_peers"):
+                    print(f"demo: {peer[-6:]} fetched {form['name']} ({form['bytes'] / 1e6:.0f} MB) in "
+                          f"{h['fetch_s']:.1f} s: " +
+                          ", ".join(f"{p[-6:]} {b / 1e6:.0f} MB" for p, b in h["from_peers"].items()), flush=True)
     return code

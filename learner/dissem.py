@@ -252,6 +252,7 @@ class LearnerDissem:
         for part, (m, c) in encoded.parts.items():
             asms[part] = self.store.add(Assembly(m, c))
         self.have.setdefault(adapter.version, {})
+        self._notify()  # wait_published
         for v in sorted(self.have)[:-KEEP_REPORTS]:
             del self.have[v]
             self.started_at.pop(v, None)
@@ -398,6 +399,17 @@ class LearnerDissem:
         """Wait until at least ``n`` nodes are registered; False on timeout."""
         with trio.move_on_after(timeout_s):
             while len(self.members) < n:
+                await self._changed.wait()
+            return True
+        return False
+
+    async def wait_published(self, version: int, timeout_s: float) -> bool:
+        """Wait until ``version`` was encoded and its broadcast started (``submit`` only queues
+        it); False on timeout. True at once where adapters are not pushed (``mode = direct``)."""
+        if self.cfg.mode == "direct":
+            return True
+        with trio.move_on_after(timeout_s):
+            while version not in self.have and (not self.have or max(self.have) < version):
                 await self._changed.wait()
             return True
         return False

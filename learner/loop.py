@@ -59,6 +59,8 @@ log = logging.getLogger("echo_swarm.learner")
 
 #: After the last step, the longest wait for active nodes to hear "done" before the host closes.
 SHUTDOWN_GRACE_S = 20.0
+#: Longest wait (s) at the end of a run for the last version's broadcast to start (its encode).
+PUBLISH_WAIT_S = 120.0
 
 
 def build_coordinator(cfg: LearnerConfig, vocab_size: int, episodes: EpisodeSettings | None,
@@ -272,7 +274,10 @@ async def _run_learner(cfg: LearnerConfig, run_dir: Path, resume: bool, console:
             (run_dir / "ledger.json").write_text(json.dumps(coord.counts(), indent=1))
             (run_dir / "swarm.json").write_text(json.dumps(service.swarm_summary(), indent=1))
             (run_dir / "model_fetch.json").write_text(json.dumps(model_serve.summary(), indent=1))
-            # reachability, relays and who sent each node its chunks
+            # reachability, relays and who sent each node its chunks; the last version's broadcast
+            # is queued by its step and encoded in a worker thread: it is in the summary once started
+            if not await dissem.wait_published(state.version, PUBLISH_WAIT_S):
+                console(f"learner: v{state.version} was not encoded within {PUBLISH_WAIT_S:.0f} s; dissem.json lacks it")
             (run_dir / "dissem.json").write_text(json.dumps(dissem.summary(), indent=1))
             console(f"learner: done; adapter in {run_dir / 'adapter'}, metrics in {run_dir / 'metrics.jsonl'}")
             await service.wait_nodes_told(active_within_s=cfg.sync.long_poll_s + 30.0, timeout_s=SHUTDOWN_GRACE_S)

@@ -37,7 +37,7 @@ def test_a_whole_run_at_the_half_billion_shape(tmp_path):
     per_backend = summary["rollouts_per_backend"]
     assert per_backend.get("llamacpp", 0) > 0 and per_backend.get("pipeline-torch", 0) > 0, per_backend
     # node 1 fetched the model, from the learner and from node 0 (which held it)
-    fetch = json.loads((run / "model_fetch.json").read_text())
+    fetch = json.loads((run / "model_fetch.json").read_text())["forms"]["gguf"]  # the form llama.cpp nodes ask for
     fetched = [h for h in fetch["holders"].values() if h["from_peers"]]
     assert len(fetched) == 1, fetch
     node0 = [p for p, h in fetch["holders"].items() if not h["from_peers"] and h["complete"]]
@@ -45,6 +45,9 @@ def test_a_whole_run_at_the_half_billion_shape(tmp_path):
     assert sum(fetched[0]["from_peers"].values()) >= fetch["bytes"]
     # no process holds two copies of the weights: the learner after loading, every other process at its peak
     memory = json.loads((run / "memory.json").read_text())
+    stage_rows = [r for r in memory["processes"] if r["cap_bytes"]]
+    # each stage node's layers fit its cap (the cap is for the model; Python and torch come on top)
+    assert len(stage_rows) == 2 and all(0 < r["weights_bytes"] < r["cap_bytes"] for r in stage_rows), stage_rows
     for row in memory["processes"]:
         if row["process"] != "learner":
             assert row["peak_bytes"] < 2 * row["weights_bytes"] + RUNTIME_ALLOWANCE, row

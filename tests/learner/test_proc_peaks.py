@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from learner.demo_shape import holds, memory_table
+from learner.demo_shape import holds, memory_table, stage_weights
 from learner.proc_peaks import PeakSampler, child_role, owner_of, parent_of, status_bytes
 
 
@@ -50,3 +50,14 @@ def test_memory_rows_name_the_weights_each_process_holds():
     assert [r["process"] for r in rows] == ["learner", "node-2-torch"]
     assert rows[0]["peak_over_weights"] == 2.5 and rows[0]["peak_private_bytes"] == 400
     assert rows[1]["cap_bytes"] == 250 and rows[1]["peak_private_bytes"] is None
+
+
+def test_a_stage_row_holds_only_the_layers_its_log_says_it_loaded():
+    log = ("node: pipeline p0: serving layers [0, 13) of 24 (1320 MB, loaded in 4.1s), route []\n"
+           "node: pipeline p1: serving layers [13, 24) of 24 (1190 MB, loaded in 3.0s), route []\n")
+    assert stage_weights(log) == ("layers [13, 24)", 1_190_000_000)  # the last assignment
+    assert stage_weights("node: waiting for the learner") is None
+    rows = memory_table({"node-2-torch": 2_000_000_000}, {}, {"torch_fp32": 4_000_000_000},
+                        {"node-2-torch": 1_500_000_000}, {"node-2-torch": stage_weights(log)})
+    assert rows[0]["holds"] == "torch_fp32 layers [13, 24)" and rows[0]["weights_bytes"] == 1_190_000_000
+    assert rows[0]["peak_over_weights"] == 1.68

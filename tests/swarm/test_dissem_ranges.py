@@ -306,3 +306,19 @@ def test_malformed_layer_ranges_are_refused(layers):
     if len(layers) == 2:
         with pytest.raises(ValueError, match="bad layer range"):
             normalise_ranges([tuple(layers)])
+
+
+def test_a_submitted_version_is_in_the_summary_once_its_broadcast_started(tmp_path):
+    """``submit`` only queues a version (the run's last step publishes it just before the run
+    writes ``dissem.json``): ``wait_published`` waits for its encode, and times out on a version
+    never submitted."""
+    from swarm.proto.adapter import AdapterReply
+
+    async def body():
+        async with swarm(tmp_path, [None]) as (learner, nodes):
+            learner.submit(AdapterReply.from_adapter(adapter(version=1)))
+            assert "1" not in learner.summary()["versions"]  # queued, not yet encoded
+            assert await learner.wait_published(1, timeout_s=30)
+            assert "1" in learner.summary()["versions"]
+            assert not await learner.wait_published(2, timeout_s=0.5)
+    run(body)
