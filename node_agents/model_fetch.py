@@ -56,6 +56,10 @@ log = logging.getLogger("echo_swarm.node")
 QUANTS = ("keep", "f16", "q8_0", "q4_1")
 #: Deadline (s) of the manifest request and holder reports.
 CONTROL_TIMEOUT_S = 15.0
+#: Tries of the node's report that it holds the model, and the pause after the first failure (s;
+#: doubled after the second, ...).
+REPORT_TRIES = 4
+REPORT_PAUSE_S = 2.0
 
 
 class ModelError(Exception):
@@ -251,11 +255,20 @@ async def prepare_model(host, learner_peer: str, cfg, server: ChunkServer | None
     return PreparedModel(path, source, sha, name)
 
 
-async def _report(host, learner_peer: str, copy: ModelCopy, fetcher) -> None:
-    try:
-        await report_have(host, learner_peer, copy, fetcher)
-    except (SwarmError, WireError) as e:
-        log.info("could not report the model to the learner: %s", e)
+async def _report(host, learner_peer: str, copy: ModelCopy, fetcher, tries: int = REPORT_TRIES) -> None:
+    """Report the node's copy to the learner, again after a failure (``tries`` in all, a pause
+    between them): a lost last report leaves the learner unaware that this node holds the model,
+    and it then never points other nodes here."""
+    for attempt in range(1, tries + 1):
+        try:
+            await report_have(host, learner_peer, copy, fetcher)
+            return
+        except (SwarmError, WireError) as e:
+            if attempt == tries:
+                log.warning("could not report the model to the learner (%d tries): %s", tries, e)
+                return
+            log.info("could not report the model to the learner (try %d of %d): %s", attempt, tries, e)
+            await trio.sleep(REPORT_PAUSE_S * attempt)
 
 
 def _local_source(model: str) -> Path:

@@ -285,3 +285,32 @@ def test_a_model_over_the_nodes_cap_is_refused_before_a_byte_is_written(tmp_path
 
     run_trio(main)
     assert out["written"] == []
+
+
+def test_a_lost_holder_report_is_sent_again_and_a_lasting_failure_is_logged(caplog):
+    """The report that the node holds the model is tried again after a failure (a lost last report
+    would leave the learner unaware of a holder); after the last try the node says so."""
+    from trio.testing import MockClock
+
+    from node_agents.model_fetch import REPORT_TRIES, _report
+    from swarm.errors import PeerUnreachable
+
+    class FlakyHost:
+        addrs = ["/ip4/127.0.0.1/tcp/1"]
+
+        def __init__(self, failures: int):
+            self.failures, self.calls = failures, 0
+
+        async def request(self, peer, proto, msg, reply_type, timeout):
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise PeerUnreachable("stream reset")
+            return reply_type()
+
+    copy = SimpleNamespace(manifest=SimpleNamespace(content_sha256="ab" * 32), count=lambda: 3, complete=True)
+    flaky, dead = FlakyHost(2), FlakyHost(99)
+    trio.run(_report, flaky, "learner", copy, None, clock=MockClock(autojump_threshold=0))
+    assert flaky.calls == 3
+    trio.run(_report, dead, "learner", copy, None, clock=MockClock(autojump_threshold=0))
+    assert dead.calls == REPORT_TRIES
+    assert any("could not report the model to the learner (4 tries)" in r.getMessage() for r in caplog.records)
