@@ -70,7 +70,9 @@ def run(args) -> None:
             for mode in args.modes.split(","):
                 rows.append({**trial(tb, mode, model, args, tmp / f"{mode}-{len(rows)}"), "wan": cond})
                 r = rows[-1]
-                print(f"  {cond}, {mode:8s} all {args.nodes} nodes hold it after {r['makespan_s']:.1f} s "
+                held = (f"all {args.nodes} nodes hold it" if r["complete"] else
+                        f"only {r['nodes_complete']} of {args.nodes} nodes reported holding it")
+                print(f"  {cond}, {mode:8s} {held} after {r['makespan_s']:.1f} s "
                       f"(node fetch mean {r['node_mean_s']:.1f} s, max {r['node_max_s']:.1f} s); the learner "
                       f"uploaded {r['learner_bytes'] / 1e6:.0f} MB = {r['learner_bytes'] / size:.1f} copies",
                       flush=True)
