@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-mbit", type=float, default=100.0, help="per-host upload and download rate")
     p.add_argument("--queue-ms", type=float, default=100.0, help="tbf queue limit (ms) of every link")
     p.add_argument("--codec", default="fp16", help="codec(s) of the timed runs, comma-separated: fp32, fp16, int8, "
-                   "int4, int3 (each version goes out whole; an int3 version is about a delta's size)")
+                   "int4, int3 (each version goes out whole, except int3, which only deltas use: it goes out "
+                   "as a delta to the previous trial's version)")
     p.add_argument("--shape", default="default", help="LoRA shape of the adapter: default (SmolLM2-135M) or a model "
                    "shape (qwen2.5-0.5b, qwen2.5-1.5b, qwen3-4b, ...; q and o projections taken as hidden x hidden)")
     p.add_argument("--fan-out", type=int, default=2)

@@ -32,6 +32,10 @@ from pathlib import Path
 
 #: SmolLM2-135M dimensions (the embedded default model): layers, hidden, ffn, kv width.
 DEFAULT_DIMS = (30, 576, 1536, 192)
+#: Codecs only deltas use (``dissem.delta_codec``; ``dissem.codec`` refuses them for whole
+#: versions): a trial of one is sent as a delta to the previous trial's version, which every
+#: node holds (a random adapter of another seed: a change as large as the adapter itself).
+DELTA_ONLY_CODECS = ("int3",)
 
 
 def lora_tensors(rank: int, dims=DEFAULT_DIMS, seed: int = 0, b_std: float = 2e-3) -> dict:
@@ -182,6 +186,8 @@ async def one_trial(dissem, order, version, trial, timeout, LoraAdapter, DissemC
     import trio
 
     settings = {k: v for k, v in trial.items() if k in DissemConfig.__dataclass_fields__}
+    if settings.get("codec") in DELTA_ONLY_CODECS:  # sent as a delta to the previous trial's version
+        settings.update(codec="fp16", delta=True, delta_codec=settings["codec"])
     dissem.reconfigure(DissemConfig(**settings))
     rank = int(trial.get("rank", 8))
     dims = tuple(trial.get("dims") or DEFAULT_DIMS)
@@ -199,6 +205,7 @@ async def one_trial(dissem, order, version, trial, timeout, LoraAdapter, DissemC
     return {
         **trial, "version": version, "ok": ok, "nodes_done": len(done), "encode_s": round(encode_s, 3),
         "params": sum(t.size for t in tensors.values()), "wire_bytes": asm.manifest.total_bytes,
+        "delta_of": asm.manifest.base_version,  # -1: sent whole
         "raw_bytes": asm.manifest.raw_bytes, "chunks": len(asm.chunks),
         "depth": dissem.plan([dissem.members[p] for p in members if p in dissem.members], None,
                              dissem.link_snapshot()).depth(),

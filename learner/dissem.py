@@ -234,9 +234,10 @@ class LearnerDissem:
 
     # -- publishing -------------------------------------------------------------------------
     def reconfigure(self, cfg: DissemConfig) -> None:
-        """Publish the next versions with ``cfg`` (a benchmark's trials; the plans follow it too)."""
+        """Publish the next versions with ``cfg`` (a benchmark's trials; the plans follow it too);
+        the last version published stays the next delta's base."""
         self.cfg = cfg
-        self.encoder = AdapterEncoder(self.run_id, self.host.peer_id, self.host.private_key, cfg)
+        self.encoder = self.encoder.with_settings(cfg)
 
     async def publish(self, adapter: LoraAdapter, members: list[str] | None = None) -> AdapterReply:
         """Encode, sign and start broadcasting ``adapter`` to ``members`` (default: all

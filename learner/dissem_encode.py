@@ -92,6 +92,13 @@ class AdapterEncoder:
         delta = manifest.base_version >= 0
         return EncodedVersion(manifest, chunks, recon, {r: self.encode_range(adapter, r, delta) for r in ranges})
 
+    def with_settings(self, cfg: DissemConfig) -> "AdapterEncoder":
+        """An encoder of ``cfg`` that keeps this one's last committed version as the next delta's
+        base (the nodes still hold it, however the next versions are encoded)."""
+        other = AdapterEncoder(self.run_id, self.signer, self.private_key, cfg)
+        other._recon, other._range_published = self._recon, dict(self._range_published)
+        return other
+
     def commit(self, version: int, encoded: EncodedVersion) -> None:
         """``encoded`` was published: it is the base of the next delta, for its ranges too."""
         self._recon = (version, encoded.recon)

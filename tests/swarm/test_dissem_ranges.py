@@ -322,3 +322,23 @@ def test_a_submitted_version_is_in_the_summary_once_its_broadcast_started(tmp_pa
             assert "1" in learner.summary()["versions"]
             assert not await learner.wait_published(2, timeout_s=0.5)
     run(body)
+
+
+def test_new_settings_keep_the_last_version_as_the_next_deltas_base(tmp_path):
+    """``reconfigure`` (a benchmark's next trial) keeps the version every node holds as the base:
+    the next version goes out as an int3 delta of it and decodes on the nodes."""
+    async def body():
+        async with swarm(tmp_path, [None, None], codec="fp16") as (learner, nodes):
+            peers = [s.host.peer_id for s in nodes]
+            a1 = adapter()
+            await learner.publish(a1)
+            assert await learner.wait_have(1, peers, 20)
+            learner.reconfigure(dataclasses.replace(learner.cfg, delta=True, delta_codec="int3"))
+            a2 = dataclasses.replace(a1, version=2, tensors={k: v + 1e-3 for k, v in a1.tensors.items()})
+            whole = decode_tensors((await learner.publish(a2)).tensors)
+            assert learner.store.get(2).manifest.base_version == 1
+            assert learner.store.get(2).manifest.total_bytes < learner.store.get(1).manifest.total_bytes / 3
+            assert await learner.wait_have(2, peers, 20)
+            got = await nodes[0].adapter(2)
+            assert all(np.array_equal(got.tensors[n], whole[n]) for n in whole)
+    run(body)
