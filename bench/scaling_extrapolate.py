@@ -114,7 +114,7 @@ def extrapolate(fits: dict, res: dict, staleness=(0, 1, 2, 4, 6), target_util: f
     int3 = _int3_bytes_per_param(res)
     head = ["model (params, LoRA r=8)", "MB per version: int3 delta / fp16", "learner step T s", "node kind",
             "tok/s per group", "group L s", "broadcast d s"] + [f"S={S}" for S in staleness] + \
-        ["$/step swarm (first S >= 1 that works)", "$/step co-located", "ratio"]
+        ["$/step swarm (cheapest S >= 1)", "$/step co-located", "ratio"]
     lines = [f"Learner: one H200, step time ASSUMED (not measured: 6 x params x tokens FLOPs at {ASSUMED_MFU:.0%} of "
              f"its bf16 peak, {PROMPTS} x {GROUP} rollouts of 256 + {COMPLETION} tokens); int3 deltas of {int3:.3f} bytes "
              "per adapter parameter (measured); nodes and prices from the sources below.", "",
@@ -132,7 +132,9 @@ def extrapolate(fits: dict, res: dict, staleness=(0, 1, 2, 4, 6), target_util: f
             bound = min(2000, math.ceil(10 * PROMPTS * group_s / train_s) + 8)  # ten times the raw need
             wc = WorkerClass(dev.name, group_s=group_s, cost_per_h=dev.cost_h, down_Bps=NODE_DOWN, up_Bps=NODE_UP,
                              max_count=bound)
-            cells, best, d = [], None, None
+            cells: list[str] = []
+            best: tuple[float, int] | None = None
+            d: float | None = None
             for S in staleness:
                 w = Workload(PROMPTS, GROUP, train_s, staleness=S, mode="async" if S else "sequential",
                              learner_cost_per_h=LEARNER.cost_h)
@@ -146,12 +148,12 @@ def extrapolate(fits: dict, res: dict, staleness=(0, 1, 2, 4, 6), target_util: f
                     continue
                 d = max(pred.delays_s)
                 cells.append(f"{count} nodes, util {pred.utilisation:.2f}")
-                if S >= 1 and best is None:
-                    best = pred.cost_per_step
+                if S >= 1 and (best is None or pred.cost_per_step < best[0]):
+                    best = (pred.cost_per_step, S)
             row = [f"{name} ({params / 1e9:.1f} B, {lora / 1e6:.1f} M)", f"{delta / 1e6:.1f} / {fp16 / 1e6:.1f}",
                    f"{train_s:.1f}", dev.name, f"{rate:.0f}", f"{group_s:.1f}", "-" if d is None else f"{d:.1f}",
-                   *cells, "-" if best is None else f"{best:.4f}", f"{colo_cost:.4f}",
-                   "-" if best is None else f"{best / colo_cost:.2f}"]
+                   *cells, "-" if best is None else f"{best[0]:.4f} (S={best[1]})", f"{colo_cost:.4f}",
+                   "-" if best is None else f"{best[0] / colo_cost:.2f}"]
             lines.append("| " + " | ".join(row) + " |")
     lines += ["", "S = 0: sequential (one group per node; the learner waits for the batch). S >= 1: the cheapest "
               "count of that kind alone keeping the learner >= 95% busy (bench/capacity/provision.py), or none "
