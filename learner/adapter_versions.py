@@ -19,6 +19,8 @@ class AdapterVersions:
         self.replies: dict[int, AdapterReply] = {}
         #: Replaced replies, per version still kept (see :meth:`replace`).
         self.published: dict[int, AdapterReply] = {}
+        #: :meth:`held_error` per version, once computed.
+        self._held_error: dict[int, float] = {}
 
     def __contains__(self, version: int) -> bool:
         return version in self.replies
@@ -29,6 +31,7 @@ class AdapterVersions:
         for v in sorted(self.replies)[:-self.keep]:
             del self.replies[v]
             self.published.pop(v, None)
+            self._held_error.pop(v, None)
 
     def replace(self, reply: AdapterReply) -> None:
         """Serve ``reply`` for its version from now on, if that version is still kept. The reply
@@ -38,6 +41,24 @@ class AdapterVersions:
         if old is not None:
             self.replies[reply.version] = reply
             self.published.setdefault(reply.version, old)
+            self._held_error.pop(reply.version, None)
+
+    def held_error(self, version: int) -> float:
+        """How far the tensors nodes hold for ``version`` (the served reply) are from the ones the
+        learner published first (its trainer's own): the relative L2 distance over all tensors; 0.0
+        when the reply was never replaced, or the version is not kept. A lossy codec makes it
+        nonzero (whole fp16 about 4e-4, an int3 delta a few percent: ``docs/benchmarks.md``)."""
+        if version not in self.published or version not in self.replies:
+            return 0.0
+        if version not in self._held_error:
+            import numpy as np
+
+            held, first = self.replies[version].to_adapter().tensors, self.published[version].to_adapter().tensors
+            diff = sum(float(np.sum((held[k].astype(np.float64) - first[k]) ** 2)) for k in first if k in held)
+            norm = sum(float(np.sum(first[k].astype(np.float64) ** 2)) for k in first)
+            missing = set(first) ^ set(held)
+            self._held_error[version] = float("inf") if missing else (diff / norm) ** 0.5 if norm else (diff ** 0.5)
+        return self._held_error[version]
 
     def as_published(self, version: int) -> AdapterReply | None:
         """The reply first published for ``version`` if another one replaced it, else ``None``."""

@@ -195,6 +195,7 @@ async def _run_learner(cfg: LearnerConfig, run_dir: Path, resume: bool, console:
         ledger = WorkLedger()
         if verifier is not None:  # async groups of an older version: scored under its published adapter
             verifier.adapter_of = lambda v: versions.get(v).to_adapter().tensors if v in versions else None
+            verifier.held_error = versions.held_error  # a lossy codec: checked under what nodes decoded
         # the GGUF llama.cpp nodes load, replayed exactly (learner/replay.py): the served one, or for an
         # HF directory whose nodes quantise it (replay.gguf_quant), the same quantised form
         replay_model = gguf if resolved.gguf_path is not None or cfg.replay.gguf_quant == "keep" else \

@@ -49,6 +49,12 @@ from swarm.proto.work import group_seed
 
 log = logging.getLogger("echo_swarm.learner")
 
+#: The largest :attr:`Verifier.held_error` at which a version's groups are checked on the training
+#: step's forward (the trainer's own weights): a whole fp16 version (about 4e-4) is; an int8 or
+#: coarser delta (0.4% to a few percent) moves an honest node's draws by more than a float32
+#: class's tolerance, so its groups are checked under the decoded tensors by the verify worker.
+IN_STEP_MAX_HELD_ERROR = 1e-3
+
 #: How a failure of the draw check starts (:func:`draw_failed`).
 DRAW_FAILED = "draw check "
 
@@ -114,6 +120,10 @@ class Verifier:
     #: The published adapter of an older version (its LoRA tensors as nodes hold them), or None
     #: when it is no longer kept: async groups are scored under their own version.
     adapter_of: Callable[[int], dict | None] = lambda version: None
+    #: How far the adapter nodes hold for a version is from the trainer's own weights of it
+    #: (:meth:`learner.adapter_versions.AdapterVersions.held_error`; 0.0: the same): a version sent
+    #: through a lossy codec is checked under the tensors its nodes decoded, not the trainer's.
+    held_error: Callable[[int], float] = lambda version: 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: Groups seen per peer (for "first groups").
     seen: dict[str, int] = field(default_factory=dict)
@@ -230,12 +240,18 @@ class Verifier:
             raise ValueError("this verifier has no trainer to score with")
         return self.trainer
 
+    def holds_nodes_weights(self, version: int) -> bool:
+        """Whether the trainer's own weights of ``version`` are the nodes' within
+        :data:`IN_STEP_MAX_HELD_ERROR`, so the training step's forward can check its groups."""
+        return self.held_error(version) <= IN_STEP_MAX_HELD_ERROR
+
     def _score_at(self, prompt_ids, completions, version: int, uniforms=None, fp32: bool = False) -> list[Scored] | None:
-        if version == self.weights_version:
+        current = version == self.weights_version
+        if current and self.held_error(version) == 0.0:
             return self._score(prompt_ids, completions, uniforms, fp32)
-        tensors = self.adapter_of(version)
+        tensors = self.adapter_of(version)  # the version as its nodes decoded it
         if tensors is None:
-            return None
+            return self._score(prompt_ids, completions, uniforms, fp32) if current else None
         with self._trainer().swapped_adapter(tensors):  # that version's adapter, as its nodes held it
             return self._score(prompt_ids, completions, uniforms, fp32)
 

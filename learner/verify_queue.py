@@ -205,7 +205,8 @@ class VerifyQueue:
         after_ok = item.after is None or (item.after.done and item.after.passed)
         return (self.verifier.in_step and not self.closed and not item.strict and after_ok
                 and item.peer_id in self.proven and bool(held) and set(held) <= self.reserved
-                and all(r.version == self.verifier.weights_version for _g, _p, r in item.picked))
+                and all(r.version == self.verifier.weights_version and self.verifier.holds_nodes_weights(r.version)
+                        for _g, _p, r in item.picked))
 
     def step_ready(self, group_ids: list[str]) -> bool:
         """Whether a step may train ``group_ids`` now: every group trainable, or held by a queued

@@ -79,3 +79,36 @@ def test_a_group_of_an_older_version_is_checked_under_that_versions_adapter(tmp_
     gone = Verifier(trainer, cfg, trainer.train.temperature, 1.0, weights_version=1, sampling_seed=5,
                     train_precision="fp32")  # v0 no longer kept: not checkable, so not trained
     assert gone.check_groups([GroupToCheck("p", "torch", "torch-fp32", PROMPT, result)])[0].startswith("skipped")
+
+
+def test_a_version_nodes_hold_through_a_lossy_codec_is_checked_under_what_they_decoded(tmp_path):
+    """Nodes generate with the adapter as they decoded it (an int3 delta is a few percent off the
+    trainer's weights): an honest node's group passes the float32 check under those tensors, where
+    the trainer's own weights would flag it; such a version's groups are not checked on the
+    training step's forward (``holds_nodes_weights``)."""
+    from learner.trainer import TrainSample
+
+    trainer = tiny_trainer(tmp_path, precision="fp32", torch_threads=1, lr=5e-2)
+    warm = draw(trainer, 3)
+    for _ in range(3):  # a trained adapter: its LoRA B is not zero
+        trainer.train_step([TrainSample(PROMPT, c, [-1.0] * len(c), 1.0 if i % 2 else -1.0) for i, c in enumerate(warm)])
+    exact = trainer.export_adapter(1).tensors
+    held = {k: (v * 1.5 if "lora_B" in k else v) for k, v in exact.items()}  # far coarser than any codec
+    seed = group_seed(5, "g2")
+    with trainer.swapped_adapter(held):
+        comps = draw(trainer, seed)
+        stats = trainer.token_stats(PROMPT, comps, trainer.train.temperature)
+    result = GroupResult("g2", 1, [Completion(c, [float(x) for x in lp], "length") for c, (lp, *_r) in zip(comps, stats)])
+    group = GroupToCheck("p", "torch", "torch-fp32", PROMPT, result)
+    cfg = VerifyConfig(precision="fp32", torch_threads=1)
+
+    def verifier(err: float) -> Verifier:
+        return Verifier(trainer, cfg, trainer.train.temperature, 1.0, weights_version=1, sampling_seed=5,
+                        train_precision="fp32", adapter_of=lambda version: held if version == 1 else None,
+                        held_error=lambda version: err)
+
+    assert verifier(0.0).check_groups([group])[0].startswith("draw check")  # the trainer's own weights
+    decoded = verifier(0.05)
+    assert decoded.check_groups([group]) == [None] and decoded.draw_summary["torch-fp32@fp32"]["max_stat"] < 1e-5
+    assert not decoded.holds_nodes_weights(1) and verifier(4e-4).holds_nodes_weights(1)
+    np.testing.assert_allclose(trainer.export_adapter(1).tensors[next(iter(exact))], exact[next(iter(exact))])
