@@ -48,12 +48,13 @@ class AdapterVersions:
         learner published first (its trainer's own): the relative L2 distance over all tensors; 0.0
         when the reply was never replaced, or the version is not kept. A lossy codec makes it
         nonzero (whole fp16 about 4e-4, an int3 delta a few percent: ``docs/benchmarks.md``)."""
-        if version not in self.published or version not in self.replies:
+        served, published = self.replies.get(version), self.published.get(version)  # read by the verify worker
+        if served is None or published is None:
             return 0.0
         if version not in self._held_error:
             import numpy as np
 
-            held, first = self.replies[version].to_adapter().tensors, self.published[version].to_adapter().tensors
+            held, first = served.to_adapter().tensors, published.to_adapter().tensors
             diff = sum(float(np.sum((held[k].astype(np.float64) - first[k]) ** 2)) for k in first if k in held)
             norm = sum(float(np.sum(first[k].astype(np.float64) ** 2)) for k in first)
             missing = set(first) ^ set(held)
