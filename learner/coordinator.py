@@ -260,6 +260,8 @@ class Coordinator:
             if reason is not None:
                 rejected[r.group_id] = reason
                 self._requeue_rejected(r.group_id, lease, peer_id, reason)
+                if reason == "already_completed" and lease is not None and lease.peer_id == peer_id:
+                    self.ledger.close_group(lease, r.group_id)  # answered late: no longer this lease's to hold
                 continue
             assert lease is not None
             self.ledger.apply(r.group_id, GroupEvent.ACCEPT)
@@ -281,6 +283,25 @@ class Coordinator:
             else:
                 self.probation.held(accepted, peer_id, age)
         return accepted, rejected
+
+    def late_results(self, peer_id: str, lease_id: str, results: list[GroupResult]) -> list[GroupResult]:
+        """The results of ``results`` that answer a group still open in ``peer_id``'s own lease
+        after another holder's result came first (a backup lease, ``lease_rules``), and that would
+        have been accepted otherwise: never trained, but still worth a check of the peer (call
+        before :meth:`submit`, which closes them in the lease)."""
+        lease = self.ledger.known_lease(lease_id)
+        if lease is None or lease.peer_id != peer_id:
+            return []
+        late = {r.group_id: r for r in results
+                if r.group_id in lease.open_groups and self.ledger.get(r.group_id) in (HELD, COMPLETED, TRAINED)
+                and validate_group(r, lease, self.limits) is None
+                and (self.verify is None or self.verify(self._specs[r.group_id], r) is None)}
+        return list(late.values())
+
+    def vouch(self, peer_id: str) -> None:
+        """``peer_id`` passed a check of a result that came late (:meth:`late_results`): it counts
+        as an accepted push for its probation, though nothing of it trains."""
+        self.probation.accepted(peer_id, math.nan)
 
     def refuse_push(self, peer_id: str, lease_id: str, group_ids: list[str], reason: str) -> dict[str, str]:
         """Refuse a whole push unread (e.g. the peer is over its push rate): its open groups go

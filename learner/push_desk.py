@@ -38,11 +38,15 @@ class PushDesk:
             log.warning("refused a push of %d group(s) from %s: %s", len(rejected), peer_id[-6:], refusal)
             self.changes.notify()
             return RolloutAck(accepted_groups=0, rejected_groups=len(rejected), rejections=rejected)
+        # results beaten by a backup's: a newcomer's are checked all the same (never trained)
+        late = coord.late_results(peer_id, msg.lease_id, msg.groups) if self.checks is not None else []
         accepted, rejected = coord.submit(peer_id, msg.lease_id, msg.groups, now, proven=self.checks is None)
         by_id = {g.group_id: g for g in msg.groups}
         # picked for re-scoring: the push's groups are held until the verify queue has checked
         # them (a failure untrusts the peer and re-issues them); the ack does not wait for it
         held = self.checks.hold(peer_id, accepted, by_id) if self.checks is not None else None
+        if late and self.checks is not None and self.checks.check_late(peer_id, late):
+            log.info("%d late result(s) of %s queued for a check", len(late), peer_id[-6:])
         n_completions = sum(len(by_id[g].completions) for g in accepted)
         self.roster.record_push(peer_id, len(accepted), n_completions, len(rejected), msg.gen_tokens, msg.gen_s)
         self.ledger.pushed(peer_id, self.roster.backend_of(peer_id), len(accepted), len(rejected), msg.gen_tokens,

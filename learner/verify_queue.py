@@ -18,6 +18,10 @@ What each group gets:
   forward (torch and MLX float32 nodes under a bf16 learner). A validator's replay may be asked
   too (:mod:`learner.validator_desk`): a tip that can make the learner look closer, never a verdict.
 
+Late results: a newcomer's result that a backup lease's beat (``Coordinator.late_results``) gets
+the checks of its peer's first push all the same (:meth:`VerifyQueue.check_late`): a failure
+untrusts the peer, a pass takes it off probation; nothing of it is held or trained.
+
 Release: a push's groups become trainable when all its checks passed and every earlier push of the
 same peer that had a strict check passed too (a node's later groups never train before its earlier
 strictly checked ones). Fail: the peer is untrusted (its leases revoked, its untrained groups
@@ -78,6 +82,9 @@ class PendingCheck:
     after: "PendingCheck | None" = None
     #: A new peer's push whose first strict check the budget cannot pay now: re-issued unchecked.
     reissue: bool = False
+    #: Results that came after another holder's (:meth:`VerifyQueue.check_late`): checked, never
+    #: held nor trained.
+    late: bool = False
     #: Checked by the worker (taken off the queue), passed its own checks, and finished
     #: (released, failed, dropped or given to a training step).
     started: bool = False
@@ -169,7 +176,34 @@ class VerifyQueue:
         item = PendingCheck(hold_id, peer_id, self.backend_of(peer_id), self.class_of(peer_id),
                             picked=[(gid, coord.spec(gid).prompt_ids, results[gid]) for gid in accepted],
                             completions={gid: len(results[gid].completions) for gid in accepted})
-        first = peer_id not in self.strict_proven and peer_id not in self.open_strict
+        self._choose(item, first=peer_id not in self.strict_proven and peer_id not in self.open_strict)
+        earlier = self.open_strict.get(peer_id)
+        item.after = earlier if earlier is not None and not earlier.done else None
+        if item.strict:
+            self.open_strict[peer_id] = item
+        self._items.append(item)
+        self._added.notify()
+        return hold_id
+
+    def check_late(self, peer_id: str, results: list[Any]) -> bool:
+        """``peer_id``'s results that another holder's beat (``Coordinator.late_results``): when it
+        has passed no check yet, queue them for the same checks as its first push (a slow cheater is
+        caught all the same; an honest slow newcomer is proven by them, ``Coordinator.vouch``), from
+        the same newcomers' budget; nothing of them is held or trained. Returns whether queued."""
+        if not results or self.closed or peer_id in self.proven:
+            return False
+        spec = self.coordinator.spec
+        item = PendingCheck("", peer_id, self.backend_of(peer_id), self.class_of(peer_id),
+                            picked=[(r.group_id, spec(r.group_id).prompt_ids, r) for r in results], late=True)
+        self._choose(item, first=peer_id not in self.strict_proven)
+        self._items.append(item)
+        self._added.notify()
+        return True
+
+    def _choose(self, item: PendingCheck, first: bool) -> None:
+        """Pick ``item``'s strict checks and validators' tips (``first``: its peer's first strict
+        check, where its class has one, is due)."""
+        peer_id = item.peer_id
         for gid, prompt, result in item.picked:
             replayable = self.replay is not None and self.replay.can_replay(peer_id, result, len(prompt)) is not None
             has_strict = replayable or self.verifier.strict_fp32(item.cls)
@@ -182,15 +216,8 @@ class VerifyQueue:
                     item.reissue = True  # a new node's first strict check cannot run now: not trained unchecked
             elif has_strict:
                 item.fp32.add(gid)
-            if self.validators is not None and self.validators.choose(peer_id, result):
+            if not item.late and self.validators is not None and self.validators.choose(peer_id, result):
                 item.validated.add(gid)
-        earlier = self.open_strict.get(peer_id)
-        item.after = earlier if earlier is not None and not earlier.done else None
-        if item.strict:
-            self.open_strict[peer_id] = item
-        self._items.append(item)
-        self._added.notify()
-        return hold_id
 
     # -- the training step's share ------------------------------------------------------------
     def reserve(self, group_ids: list[str]) -> None:
@@ -203,7 +230,7 @@ class VerifyQueue:
     def _stealable(self, item: PendingCheck) -> bool:
         held = self.coordinator.holding(item.hold_id)
         after_ok = item.after is None or (item.after.done and item.after.passed)
-        return (self.verifier.in_step and not self.closed and not item.strict and after_ok
+        return (not item.late and self.verifier.in_step and not self.closed and not item.strict and after_ok
                 and item.peer_id in self.proven and bool(held) and set(held) <= self.reserved
                 and all(r.version == self.verifier.weights_version and self.verifier.holds_nodes_weights(r.version)
                         for _g, _p, r in item.picked))
@@ -275,9 +302,13 @@ class VerifyQueue:
     async def check(self, item: PendingCheck) -> None:
         """Check one held push (see the module docstring), then release, untrust or re-issue."""
         coord = self.coordinator
-        if not coord.holding(item.hold_id):  # revoked or dropped meanwhile
+        if not (item.late or coord.holding(item.hold_id)):  # revoked or dropped meanwhile
             return self._finish(item, passed=False)
         newcomer = item.peer_id not in self.proven
+        if item.late and (not newcomer or item.reissue or not self.newcomers.allow(item.peer_id)):
+            log.info("late result(s) of %s left unchecked (%s)", item.peer_id[-6:],
+                     "a check of it passed meanwhile" if not newcomer else "this step's budget is spent")
+            return self._finish(item, passed=False)
         if item.reissue or (newcomer and not self.newcomers.allow(item.peer_id)):
             coord.discard_hold(item.hold_id, "unchecked", not_to=item.peer_id)
             self.unchecked += 1
@@ -291,6 +322,8 @@ class VerifyQueue:
                     self._verdicts, item, abandon_on_cancel=True)  # type: ignore[call-arg]
         except Exception:
             log.exception("could not verify the %d group(s) of a push of %s", len(item.picked), item.peer_id[-6:])
+            if item.late:
+                return self._finish(item, passed=False)
             back = coord.discard_hold(item.hold_id, "verify_error")
             log.warning("verification of %s's push failed to run; %d held group(s) re-issued", item.peer_id[-6:], len(back))
             self.changes.notify()
@@ -298,6 +331,8 @@ class VerifyQueue:
         if newcomer:
             self.newcomers.measured(scored_s)
         if any(why == SKIPPED for _test, why in verdicts.values()):  # not checkable: re-issued, nobody blamed
+            if item.late:
+                return self._finish(item, passed=False)
             for gid in coord.discard_hold(item.hold_id, "unverifiable"):
                 if self.on_checked is not None:
                     self.on_checked(item.peer_id, "skipped", True, gid)
@@ -308,13 +343,18 @@ class VerifyQueue:
             for gid, (test, why) in verdicts.items():
                 self.on_checked(item.peer_id, test, why is None, gid)
         if failed is not None:
-            if coord.holding(item.hold_id):
+            if item.late or coord.holding(item.hold_id):
                 self.untrust(item.peer_id, f"unverified: group {failed[0]}: {failed[1]}")
             return self._finish(item, passed=False)
         item.passed = True
         self.proven.add(item.peer_id)
         if item.replayed or item.fp32:
             self.strict_proven.add(item.peer_id)
+        if item.late:
+            coord.vouch(item.peer_id)
+            log.info("late result(s) of %s passed their check: off probation", item.peer_id[-6:])
+            self.changes.notify()
+            return self._finish(item, passed=True)
         self._waiting.append(item)
         self._release_ready()
 
