@@ -28,7 +28,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from dataclasses import dataclass
 from typing import Callable
 
 from learner.buffer import ReplayBuffer
@@ -37,53 +36,11 @@ from learner.group_ledger import (GroupEvent, GroupLedger, GroupState, LeaseReco
 from learner.holds import HoldBook
 from learner.lease_rules import Probation, backup_groups
 from learner.rollout_checks import Limits, validate_group  # noqa: F401 (Limits re-exported)
+from learner.work_items import CompletedGroup, CoordinatorStats, GroupSpec, PeerWork  # noqa: F401 (re-exported)
 from swarm.proto.rollouts import GroupResult
 
 PENDING, LEASED, HELD = GroupState.PENDING, GroupState.LEASED, GroupState.HELD
 COMPLETED, TRAINED, DROPPED = GroupState.COMPLETED, GroupState.TRAINED, GroupState.DROPPED
-
-
-@dataclass
-class GroupSpec:
-    """A prompt group waiting to be generated."""
-
-    group_id: str
-    prompt_ids: list[int]
-    #: Task-side reference (problem index / id) used to recompute the reward.
-    problem_ref: str
-
-
-@dataclass
-class CompletedGroup:
-    spec: GroupSpec
-    result: GroupResult
-    peer_id: str
-    received_at: float
-
-
-@dataclass(frozen=True)
-class PeerWork:
-    """One peer's groups in the coordinator: open groups of its live leases, the newest adapter
-    version it is known to hold (from its leases and its untrained results) and the oldest
-    version among its results waiting to be trained (None: none wait)."""
-
-    leased_groups: int
-    newest_version: int
-    oldest_untrained: int | None
-
-
-@dataclass(frozen=True)
-class CoordinatorStats:
-    """A snapshot of the coordinator for readers (:meth:`Coordinator.statistics`)."""
-
-    #: Adapter version new leases are generated with.
-    version: int
-    ledger: LedgerStats
-    #: Results kept and not yet trained (held ones included).
-    buffered: int
-    #: Per peer with a live lease or an untrained result.
-    peers: dict[str, PeerWork]
-    failovers: dict[str, int]
 
 
 class Coordinator:
