@@ -3,8 +3,9 @@ measure what it catches: ``python -m bench.verify_calib --draw`` (this module's 
 
 Honest nodes of each backend the machine runs (llama.cpp on the Q4_1 GGUF at 1 and 2 threads,
 torch CPU fp32 and bf16, MLX CPU fp32) generate groups of the task's prompts from a lease seed, under
-the learner's v0 adapter and, for every other group, a trained-like one (LoRA B ~ N(0, 0.01)) passed
-through the dissemination codec (fp16) as nodes receive it. For each group and each learner
+the learner's v0 adapter and, for every other group, a trained-like one (LoRA B ~ N(0, 0.01)), or
+with ``--adapter DIR`` one a run trained (a peft directory such as a run's ``adapters/step-20``),
+passed through the dissemination codec (fp16) as nodes receive it. For each group and each learner
 precision (fp32, bf16 autocast) the learner computes its own logits (the trainer's shared-prompt
 forward) and, per token:
 
@@ -150,8 +151,24 @@ def _cheat_group(kind: str, node, prompt, params, adapter, off_adapter, tokenize
     return comps
 
 
+def load_adapter(path: Path, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A saved peft adapter's tensors (``adapter_model.safetensors`` in ``path``), float32, keyed as
+    ``like`` (the learner's own export); its names and shapes must match."""
+    from safetensors.numpy import load_file
+
+    f = Path(path) / "adapter_model.safetensors"
+    if not f.is_file():
+        raise SystemExit(f"--adapter {path}: no adapter_model.safetensors there (a run's adapters/step-N)")
+    got = load_file(str(f))
+    bad = sorted(k for k in like if k not in got or got[k].shape != like[k].shape)
+    if bad:
+        raise SystemExit(f"--adapter {path}: {len(bad)} tensor(s) missing or of another shape than the "
+                         f"learner's default LoRA, e.g. {bad[0]}")
+    return {k: got[k].astype(np.float32) for k in like}
+
+
 def run(groups: int, group_size: int, max_tokens: int, temperature: float, nodes: list[str], cheats: list[str],
-        seed: int = 0) -> dict:
+        seed: int = 0, adapter: Path | None = None) -> dict:
     from types import SimpleNamespace
 
     from learner.episodes import run_task
@@ -166,6 +183,8 @@ def run(groups: int, group_size: int, max_tokens: int, temperature: float, nodes
     base = learner.trainer.export_adapter(0)
     rng = np.random.default_rng(seed)
     trained = {k: (rng.normal(0, 0.01, v.shape).astype(np.float32) if "lora_B" in k else v) for k, v in base.tensors.items()}
+    if adapter is not None:
+        trained = load_adapter(adapter, base.tensors)
     backends: dict[str, Any] = {}
     for name in sorted(set(nodes) | (set(CHEAT_NODES) if cheats else set())):
         b, threads, dtype = NODES[name]
@@ -218,7 +237,8 @@ def run(groups: int, group_size: int, max_tokens: int, temperature: float, nodes
                            "d_nonzero_frac": float((d > 0).mean()), "d_max": float(d.max()),
                            "exceed_rate": [float(x) for x in ex.mean(0)], "group_top": h["top"]}
     return {"config": {"groups": groups, "group_size": group_size, "max_tokens": max_tokens,
-                       "temperature": temperature, "seed": seed, "eps": list(EPS)},
+                       "temperature": temperature, "seed": seed, "eps": list(EPS),
+                       "adapter": str(adapter) if adapter is not None else "random"},
             "honest": out_honest, "cheats": caught}
 
 
@@ -277,6 +297,20 @@ def choose(res: dict, target_fpr: float, tokens: int, floor: float = 1e-3, margi
     return out
 
 
+def in_force(res: dict, tokens: int) -> dict:
+    """Per measured node and precision: the extrapolated honest false-positive rate per group of
+    ``tokens`` tokens at the tolerance its class has now (``learner.draw_check.DRAW_TOLERANCES``)."""
+    from learner.draw_check import DRAW_TOLERANCES
+
+    out = {}
+    for key, h in res["honest"].items():
+        name, prec = key.split("@")
+        tol = DRAW_TOLERANCES[f"{CLASS_OF[name]}@{prec}"]
+        out[key] = {"eps": tol.eps, "allowed": tol.allowed,
+                    "group_fpr": group_fpr(tail_rate(h["exceed_rate"], tol.eps), tokens, tol.allowed)}
+    return out
+
+
 def detection(res: dict, tolerances: dict) -> dict:
     """Per cheat (and the node it came from) and learner precision: groups caught at the class
     tolerances of ``tolerances`` (every class a cheater could declare), as 'caught of groups'."""
@@ -304,6 +338,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--cheats", default=",".join(CHEATS))
     p.add_argument("--target-fpr", type=float, default=1e-6, help="honest false-positive rate per group")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--adapter", type=Path, default=None,
+                   help="a trained peft adapter directory (a run's adapters/step-N) instead of a random one")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
     nodes = [n for n in a.nodes.split(",") if n]
@@ -311,16 +347,21 @@ def main(argv: list[str]) -> int:
     bad = (set(nodes) - set(NODES)) | (set(cheats) - set(CHEATS))
     if bad:
         p.error(f"unknown nodes or cheats {sorted(bad)}; nodes: {list(NODES)}, cheats: {list(CHEATS)}")
-    res = run(a.groups, a.group_size, a.max_tokens, a.temperature, nodes, cheats, a.seed)
+    res = run(a.groups, a.group_size, a.max_tokens, a.temperature, nodes, cheats, a.seed, a.adapter)
     res["tolerances"] = choose(res, a.target_fpr, a.group_size * a.max_tokens)
+    res["in_force"] = in_force(res, a.group_size * a.max_tokens)
     res["detection"] = detection(res, res["tolerances"])
     for key, h in res["honest"].items():
         print(f"{key:>18}: {h['positions']} positions, KS median {h['ks_median']:.2g} q99 {h['ks_q99']:.3g} "
               f"max {h['ks_max']:.3g}; tokens off their interval {h['d_nonzero_frac']:.1%}, largest {h['d_max']:.3g}; "
-              f"largest per group {max(t[0] for t in h['group_top']):.3g}")
+              f"largest per group {max(t[0] for t in h['group_top']):.3g}, "
+              f"second largest {max(t[1] for t in h['group_top']):.3g}")
     for ck, t in res["tolerances"].items():
         print(f"tolerance {ck:>18}: eps {t.get('eps')} allowed {t.get('allowed')} "
               f"(group FPR {t.get('group_fpr', float('nan')):.1e}, KS max {t['ks_max']:.3g}, {t['positions']} positions)")
+    for key, t in res["in_force"].items():
+        print(f"at the tolerance in force {key:>18}: eps {t['eps']} allowed {t['allowed']}: "
+              f"honest group FPR {t['group_fpr']:.1e}")
     for k, v in res["detection"].items():
         print(f"caught {k}: {v}")
     if a.out:
