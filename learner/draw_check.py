@@ -60,14 +60,19 @@ class DrawTolerance:
 #: only narrow a node's tolerance, never widen it past what any node may have.
 DRAW_TOLERANCES: dict[str, DrawTolerance] = {
     "torch-fp32@fp32": DrawTolerance(0.001, 0), "mlx-fp32@fp32": DrawTolerance(0.001, 0),
-    "torch-fp32@bf16": DrawTolerance(0.06, 1), "mlx-fp32@bf16": DrawTolerance(0.06, 1),
-    "torch-lowp@fp32": DrawTolerance(0.1, 1), "torch-lowp@bf16": DrawTolerance(0.1, 1),
-    "mlx-lowp@fp32": DrawTolerance(0.1, 1), "mlx-lowp@bf16": DrawTolerance(0.1, 1),
-    # llama.cpp calibrated at 0.13 (fp32 learner) and 0.14 (bf16): 0.14 at both, since a narrower
-    # fp32 tolerance would make Verifier.strict_fp32 add a float32 forward for these classes
-    "llamacpp@fp32": DrawTolerance(0.14, 1), "llamacpp@bf16": DrawTolerance(0.14, 1),
-    "pipeline@fp32": DrawTolerance(0.14, 1), "pipeline@bf16": DrawTolerance(0.14, 1),
-    "default@fp32": DrawTolerance(0.14, 1), "default@bf16": DrawTolerance(0.14, 1),
+    # float32 nodes under a bf16 learner: 0.06 on random adapters, 0.14 on a trained one (the CDFs up
+    # to 0.10 apart: at 0.06 an honest group of 222 tokens failed with probability 2.5e-3)
+    "torch-fp32@bf16": DrawTolerance(0.14, 1), "mlx-fp32@bf16": DrawTolerance(0.14, 1),
+    "torch-lowp@fp32": DrawTolerance(0.12, 1), "torch-lowp@bf16": DrawTolerance(0.1, 1),
+    "mlx-lowp@fp32": DrawTolerance(0.12, 1), "mlx-lowp@bf16": DrawTolerance(0.1, 1),
+    # llama.cpp calibrated at 0.13 (fp32 learner) and 0.14 (bf16) on random adapters: 0.14 at both,
+    # since a narrower fp32 tolerance would make Verifier.strict_fp32 add a float32 forward for these
+    # classes; on a trained adapter (``--adapter``) its honest tail is heavier (CDFs up to 0.26
+    # apart), so 3 tokens past 0.14 fail a group, not 2 (an honest group's false-positive rate
+    # 8e-6 instead of 6.5e-4 at 222 tokens, a bf16 learner)
+    "llamacpp@fp32": DrawTolerance(0.14, 2), "llamacpp@bf16": DrawTolerance(0.14, 2),
+    "pipeline@fp32": DrawTolerance(0.14, 2), "pipeline@bf16": DrawTolerance(0.14, 2),
+    "default@fp32": DrawTolerance(0.14, 2), "default@bf16": DrawTolerance(0.14, 2),
 }
 
 
