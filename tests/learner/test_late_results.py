@@ -16,11 +16,16 @@ from swarm.proto.work import WorkRequest
 from tests.learner.test_verify_after_ack import CHEAT_TOKEN, generate_and_push, join, setup, step_ctx
 
 
+def open_gate(n_groups: int):
+    """A service whose checks score at once; (service, verifier, coordinator)."""
+    svc, v = setup(n_groups=n_groups)
+    v.gate.set()
+    return svc, v, svc.coordinator
+
+
 @pytest.mark.parametrize("token", [5, CHEAT_TOKEN], ids=["honest", "cheat"])
 def test_a_late_result_of_a_newcomer_is_checked_and_answers_its_lease(token):
-    svc, v = setup(n_groups=1)
-    v.gate.set()
-    coord = svc.coordinator
+    svc, v, coord = open_gate(1)
 
     async def main() -> None:
         async with trio.open_nursery() as n:
@@ -56,9 +61,7 @@ def test_a_late_result_of_a_newcomer_is_checked_and_answers_its_lease(token):
 
 
 def test_a_late_result_of_a_peer_with_a_passed_check_is_not_checked_again():
-    svc, v = setup(n_groups=2)
-    v.gate.set()
-    coord = svc.coordinator
+    svc, _v, coord = open_gate(2)
 
     async def main() -> None:
         async with trio.open_nursery() as n:
