@@ -20,7 +20,9 @@ wherever the argmax is not where ``u`` fell, an adapter slightly off the lease's
 moved by more than the honest margin.
 
 The group's statistic (:func:`group_statistic`) is the ``(allowed + 1)``-th largest distance over
-its model tokens, judged against its class's tolerance (:class:`DrawTolerance`: ``eps`` and
+its model tokens, each distinct context counted once (:func:`by_context`: completions sharing a
+prefix draw their next token from one distribution, so one numeric gap there may put several of
+them off their intervals), judged against its class's tolerance (:class:`DrawTolerance`: ``eps`` and
 ``allowed``, calibrated per class and learner precision in :data:`DRAW_TOLERANCES`):
 :func:`judge_draw`. Pure functions; the trainer computes the distances on the logits of its own
 forward (:func:`learner.forward.token_rows`) and :mod:`learner.step_check` judges them.
@@ -172,27 +174,55 @@ def draw_distances(logp, tokens, us: np.ndarray, top_p: float = 1.0, probs=None)
     return np.maximum(lo - u, 0.0) + np.maximum(u - hi, 0.0)
 
 
-def group_statistic(distances: Sequence[np.ndarray], allowed: int) -> float:
-    """The ``(allowed + 1)``-th largest distance over the group's drawn tokens (0 when fewer)."""
-    d = np.concatenate([np.asarray(x, dtype=np.float64) for x in distances]) if distances else np.zeros(0)
-    d = d[~np.isnan(d)]
+def by_context(distances: Sequence[np.ndarray], tokens: Sequence[Sequence[int]]) -> np.ndarray:
+    """The largest distance per distinct context: completions that share their first ``j`` tokens
+    draw token ``j`` from the same distribution, so where the node's CDF and the learner's part
+    there, several of them may land off their interval for one numeric gap. Each context (the
+    prompt, then every distinct prefix) counts once; text a node wrote itself still counts once per
+    token it wrote. NaN distances (no draw) are left out."""
+    ids: dict[tuple[int, int], int] = {}
+    best: dict[int, float] = {}
+    for d, toks in zip(distances, tokens):
+        node = 0  # the prompt
+        for j, x in enumerate(np.asarray(d, dtype=np.float64)):
+            if not np.isnan(x):
+                best[node] = max(best.get(node, 0.0), float(x))
+            if j < len(toks):
+                node = ids.setdefault((node, int(toks[j])), len(ids) + 1)
+    return np.fromiter(best.values(), dtype=np.float64, count=len(best))
+
+
+def group_statistic(distances: Sequence[np.ndarray], allowed: int,
+                    tokens: Sequence[Sequence[int]] | None = None) -> float:
+    """The ``(allowed + 1)``-th largest distance over the group's drawn tokens (0 when fewer); with
+    the completions' ``tokens``, over its distinct contexts (:func:`by_context`)."""
+    d = _flat(distances, tokens)
     if d.size <= allowed:
         return 0.0
     return float(np.partition(d, d.size - 1 - allowed)[d.size - 1 - allowed])
 
 
-def judge_draw(distances: Sequence[np.ndarray], tol: DrawTolerance) -> tuple[float, str | None]:
+def judge_draw(distances: Sequence[np.ndarray], tol: DrawTolerance,
+               tokens: Sequence[Sequence[int]] | None = None) -> tuple[float, str | None]:
     """``(statistic, reason)``: the group's statistic and why it fails (``None``: it passes)."""
-    stat = group_statistic(distances, tol.allowed)
+    stat = group_statistic(distances, tol.allowed, tokens)
     if stat <= tol.eps:
         return stat, None
     where = _worst(distances)
-    return stat, (f"tokens not drawn by the lease's seed: {_beyond(distances, tol.eps)} token(s) further than "
-                  f"{tol.eps:g} from their draw (at most {tol.allowed}), the worst {where}")
+    return stat, (f"tokens not drawn by the lease's seed: {_beyond(distances, tol.eps, tokens)} token(s) further than "
+                  f"{tol.eps:g} from their draw (at most {tol.allowed}"
+                  f"{', each context once' if tokens is not None else ''}), the worst {where}")
 
 
-def _beyond(distances: Sequence[np.ndarray], eps: float) -> int:
-    return int(sum(np.count_nonzero(np.nan_to_num(np.asarray(d), nan=0.0) > eps) for d in distances))
+def _flat(distances: Sequence[np.ndarray], tokens: Sequence[Sequence[int]] | None) -> np.ndarray:
+    if tokens is not None:
+        return by_context(distances, tokens)
+    d = np.concatenate([np.asarray(x, dtype=np.float64) for x in distances]) if distances else np.zeros(0)
+    return d[~np.isnan(d)]
+
+
+def _beyond(distances: Sequence[np.ndarray], eps: float, tokens: Sequence[Sequence[int]] | None = None) -> int:
+    return int(np.count_nonzero(_flat(distances, tokens) > eps))
 
 
 def _worst(distances: Sequence[np.ndarray]) -> str:

@@ -303,7 +303,7 @@ class Verifier:
         draws = [s.draw for s in scored if s.draw is not None]
         if len(draws) == len(scored):
             tol = self.tolerance(item.cls, precision)
-            stat, why = judge_draw(draws, tol)
+            stat, why = judge_draw(draws, tol, [c.token_ids for c in result.completions])
             self._record_draw(f"{item.cls}@{precision}", stat, tol, failed=why is not None)
             reason = reason if why is None else f"{DRAW_FAILED}({item.cls}, {precision}): {why}"  # the exact evidence first
         if reason is not None:

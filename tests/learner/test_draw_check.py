@@ -141,3 +141,21 @@ def test_multi_turn_uniforms_are_the_ones_the_nodes_episode_runner_draws(chatml_
         model = np.asarray(ep.mask, dtype=bool)
         want = drawn[(seed, j)] + [x for t in (1, 2) for x in drawn[(turn_seed(seed, j, t), 0)]]
         assert np.array_equal(u[model], want) and np.isnan(u[~model]).all()
+
+
+def test_tokens_after_one_shared_prefix_count_once_and_written_text_still_counts_per_token():
+    from learner.draw_check import by_context
+
+    # three completions share their first token; two of them land off at the shared second context
+    toks = [[5, 6, 7], [5, 6, 8], [5, 9, 1]]
+    d = [np.array([0.0, 0.3, 0.0]), np.array([0.0, 0.25, 0.0]), np.array([0.0, 0.0, 0.2])]
+    assert sorted(by_context(d, toks).tolist()) == [0.0, 0.0, 0.2, 0.3]  # the prompt, (5), (5, 6), (5, 9)
+    tol = DrawTolerance(0.1, 1)
+    assert judge_draw(d, tol)[1] is not None  # counted per token: 3 past 0.1, one allowed
+    assert group_statistic(d, 1, toks) == 0.2 and judge_draw(d, DrawTolerance(0.1, 2), toks) == (0.0, None)
+    # text of its own in one completion: every token is a context of its own
+    written = [np.array([0.5, 0.4, 0.6])]
+    stat, why = judge_draw(written, DrawTolerance(0.1, 2), [[3, 4, 5]])
+    assert stat == 0.4 and why is not None and "3 token(s)" in why and "each context once" in why
+    # environment tokens (NaN) have no draw and no distance, but extend the context
+    assert by_context([np.array([np.nan, 0.2])], [[1, 2]]).tolist() == [0.2]
